@@ -1,0 +1,143 @@
+"""The consumer gate (DESIGN §6, KIP-253 §6 steps 4-5) as a pure predicate.
+
+Rule: record ``(p, offset)`` of generation ``g`` may be delivered only when, for
+every generation change ``k <= g`` that moved keys into ``p`` from a partition ``q``,
+the group has consumed ``q`` up to ``boundary_k[q]`` *and* everything a record of
+``q`` in generation ``k - 1`` would itself have had to wait for (recursively).
+
+The recursion matters. Take N=1: a key lives in partition 3 (U=4), a shrink to U=1
+moves it to partition 0, an expansion to U=2 moves it to partition 1. If nothing of
+that key was written while U=1, partition 0 holds no record that waited on partition
+3, so "partition 0 consumed to its boundary" says nothing about partition 3: the
+wait has to be inherited explicitly. The result keeps one wait per source (the
+highest boundary), since consuming further implies consuming less far.
+
+"Consumed up to ``b``" means: the group's committed offset for ``q`` is at least
+``b`` (a real Kafka group offset, so it survives restarts), or ``q``'s log start
+is at least ``b`` (the data below the boundary no longer exists), or ``q`` is removed.
+
+Why no wait can be part of a cycle: a record of generation ``g`` waits only for
+records below ``boundary_k[q]`` with ``k <= g``, and those all belong to generations
+strictly older than ``k``. Generations are well-ordered, so every chain of waits
+ends. This is what allows an expansion while a shrink is still draining.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sidecar.core.generations import ChangeKind, GenerationLog, PartitionMode
+from sidecar.core.routing import expansion_blocker, shrink_blockers
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The group must consume ``source`` up to ``boundary`` (generation change ``generation``)."""
+
+    source: int
+    boundary: int
+    generation: int
+    kind: ChangeKind
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """What the gate knows of one consumer group and the topic's partitions.
+
+    ``committed``: the group's committed offset per partition (next offset to read);
+    a partition without one has consumed nothing. ``log_start``: each partition's
+    log start offset. ``modes``: each physical partition's mode.
+    """
+
+    committed: Mapping[int, int]
+    log_start: Mapping[int, int]
+    modes: Sequence[PartitionMode]
+
+    def consumed_up_to(self, partition: int, boundary: int) -> bool:
+        """True if the group has nothing left to read below ``boundary`` in ``partition``."""
+        if partition < len(self.modes) and self.modes[partition] is PartitionMode.REMOVED:
+            return True
+        position = max(self.committed.get(partition, 0), self.log_start.get(partition, 0))
+        return position >= boundary
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """Whether a record may be delivered, and the waits still unmet if not."""
+
+    generation: int
+    unmet: tuple[Wait, ...]
+
+    @property
+    def open(self) -> bool:
+        return not self.unmet
+
+
+def direct_waits(log: GenerationLog, partition: int, generation: int) -> tuple[Wait, ...]:
+    """The waits of changes ``1..generation`` that moved keys straight into ``partition``.
+
+    Expansion ``k`` that created ``partition``: one wait, on its blocker. Shrink
+    ``k`` that kept ``partition``: one wait per retired partition whose keys moved
+    into it (O(log n) for moderate shrinks). Oldest change first.
+    """
+    waits: list[Wait] = []
+    for number in range(1, generation + 1):
+        before, after = log[number - 1], log[number]
+        old_count, new_count = before.undeleted_count, after.undeleted_count
+        if new_count > old_count:
+            if not old_count <= partition < new_count:
+                continue
+            sources = [expansion_blocker(partition, log.initial_count, old_count)]
+            kind = ChangeKind.EXPANSION
+        else:
+            if partition >= new_count:
+                continue
+            sources = shrink_blockers(partition, log.initial_count, old_count, new_count)
+            kind = ChangeKind.SHRINK
+        for source in sources:
+            boundary = after.boundary(source)
+            # A source partition existed under the old count, so it has a boundary.
+            assert boundary is not None
+            waits.append(Wait(source, boundary, number, kind))
+    return tuple(waits)
+
+
+def waits_into(log: GenerationLog, partition: int, generation: int) -> tuple[Wait, ...]:
+    """Every wait a record of ``generation`` in ``partition`` is subject to.
+
+    The transitive closure of ``direct_waits`` (see the module comment), one wait per
+    source partition, sorted by source. Waits on offset 0 are dropped: always met.
+    """
+    strongest: dict[int, Wait] = {}
+    seen: set[tuple[int, int]] = set()
+    pending = [(partition, generation)]
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for wait in direct_waits(log, *node):
+            held = strongest.get(wait.source)
+            if held is None or wait.boundary > held.boundary:
+                strongest[wait.source] = wait
+            # What a record of the source in the generation before the change waits for.
+            pending.append((wait.source, wait.generation - 1))
+    return tuple(
+        strongest[source] for source in sorted(strongest) if strongest[source].boundary > 0
+    )
+
+
+def gate(log: GenerationLog, progress: GroupProgress, partition: int, offset: int) -> GateDecision:
+    """Decide whether the group may deliver record ``(partition, offset)``.
+
+    Raises ValueError if the log does not know ``partition`` or ``offset``'s generation
+    (see ``GenerationLog.generation_of``).
+    """
+    generation = log.generation_of(partition, offset)
+    unmet = tuple(
+        wait
+        for wait in waits_into(log, partition, generation)
+        if not progress.consumed_up_to(wait.source, wait.boundary)
+    )
+    return GateDecision(generation, unmet)

@@ -1,0 +1,244 @@
+"""The generation log of a managed topic (DESIGN §4) and per-partition modes.
+
+A *generation* is one period during which every sidecar routes the topic with the
+same undeleted partition count. Generation ``g`` records, for every physical
+partition, the *boundary*: the offset at which ``g`` began there (read after every
+producer stopped writing with ``g - 1``). Because boundaries only grow, each record
+``(partition, offset)`` belongs to exactly one generation, and everything below
+``boundary_g[p]`` was routed with an older count.
+
+KIP-253 keeps ``leaderEpochAfterCreation`` / ``leaderEpochBeforeDeletion`` maps and
+converts leader epochs to offsets with OffsetsForLeaderEpoch. The sidecar stores the
+offsets directly; it keeps the partition leader epoch seen with each boundary (KIP-320)
+so that a boundary lost to log truncation can be detected rather than trusted.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class PartitionMode(StrEnum):
+    """Per-partition mode (partition-deletion proposal: ReadWrite / ReadOnly / None)."""
+
+    READ_WRITE = "read_write"
+    """Undeleted: routed to, read."""
+    READ_ONLY = "read_only"
+    """Marked for deletion: no new writes, still read until drained."""
+    REMOVED = "removed"
+    """Retired: empty or past its delete-after delay; filtered from reads and writes."""
+
+
+class ChangeKind(StrEnum):
+    """What a generation change did to the undeleted count."""
+
+    CREATED = "created"
+    EXPANSION = "expansion"
+    SHRINK = "shrink"
+
+
+class InvalidGenerationLog(ValueError):
+    """A generation would break the log's invariants (count, boundaries, numbering)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """Offset at which a generation began in one partition, and the leader epoch then."""
+
+    offset: int
+    leader_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One committed generation: its number, undeleted count and per-partition boundaries.
+
+    ``boundaries[p]`` exists for every physical partition ``p`` at commit time, so
+    ``len(boundaries)`` is the physical partition count (read-only and removed
+    partitions included).
+    """
+
+    number: int
+    undeleted_count: int
+    boundaries: tuple[Boundary, ...]
+
+    @property
+    def physical_count(self) -> int:
+        return len(self.boundaries)
+
+    def boundary(self, partition: int) -> int | None:
+        """Boundary offset in ``partition``, or None if it did not exist yet."""
+        if 0 <= partition < len(self.boundaries):
+            return self.boundaries[partition].offset
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationLog:
+    """The committed generations of one topic, oldest first; numbers are 0, 1, 2, ..."""
+
+    initial_count: int
+    generations: tuple[Generation, ...]
+
+    @classmethod
+    def start(
+        cls, initial_count: int, boundaries: Sequence[Boundary] | None = None
+    ) -> GenerationLog:
+        """Generation 0 of a created or adopted topic: ``U == N``.
+
+        ``boundaries`` defaults to offset 0 everywhere: records already in an
+        adopted topic were routed by Kafka's default partitioner, which is linear
+        hashing with ``U == N``, so they belong to generation 0 too.
+        Raises InvalidGenerationLog if ``initial_count < 1``.
+        """
+        if initial_count < 1:
+            raise InvalidGenerationLog(f"initial count must be at least 1, got {initial_count}")
+        if boundaries is None:
+            boundaries = [Boundary(0)] * initial_count
+        if len(boundaries) < initial_count:
+            raise InvalidGenerationLog(
+                f"{len(boundaries)} boundaries for {initial_count} initial partitions"
+            )
+        first = Generation(0, initial_count, tuple(boundaries))
+        return cls(initial_count, (first,))
+
+    @property
+    def current(self) -> Generation:
+        return self.generations[-1]
+
+    def __getitem__(self, number: int) -> Generation:
+        if not 0 <= number < len(self.generations):
+            raise KeyError(number)
+        return self.generations[number]
+
+    def next_generation(self, undeleted_count: int, boundaries: Sequence[Boundary]) -> Generation:
+        """Validate and build the generation that would follow the current one.
+
+        Raises InvalidGenerationLog if the count is below N, unchanged, above the
+        physical partition count, or if any boundary moves backwards or is missing.
+        """
+        previous = self.current
+        if undeleted_count < self.initial_count:
+            raise InvalidGenerationLog(
+                f"undeleted count {undeleted_count} is below the initial count {self.initial_count}"
+            )
+        if undeleted_count == previous.undeleted_count:
+            raise InvalidGenerationLog(f"undeleted count is already {undeleted_count}")
+        if len(boundaries) < max(undeleted_count, previous.physical_count):
+            raise InvalidGenerationLog(
+                f"{len(boundaries)} boundaries, but the topic has "
+                f"{max(undeleted_count, previous.physical_count)} partitions"
+            )
+        for partition, old in enumerate(previous.boundaries):
+            if boundaries[partition].offset < old.offset:
+                raise InvalidGenerationLog(
+                    f"boundary of partition {partition} moves back from {old.offset} "
+                    f"to {boundaries[partition].offset}"
+                )
+        return Generation(previous.number + 1, undeleted_count, tuple(boundaries))
+
+    def append(self, generation: Generation) -> GenerationLog:
+        """The log with ``generation`` committed after the current one.
+
+        Raises InvalidGenerationLog unless ``generation`` is what ``next_generation``
+        would build from the same count and boundaries.
+        """
+        expected = self.next_generation(generation.undeleted_count, generation.boundaries)
+        if generation.number != expected.number:
+            raise InvalidGenerationLog(
+                f"generation {generation.number} cannot follow {self.current.number}"
+            )
+        return GenerationLog(self.initial_count, (*self.generations, generation))
+
+    def change_kind(self, number: int) -> ChangeKind:
+        """Whether generation ``number`` began with an expansion or a shrink."""
+        if number == 0:
+            return ChangeKind.CREATED
+        before, after = self[number - 1], self[number]
+        if after.undeleted_count > before.undeleted_count:
+            return ChangeKind.EXPANSION
+        return ChangeKind.SHRINK
+
+    def generation_of(self, partition: int, offset: int) -> int:
+        """The generation whose producers wrote ``(partition, offset)``.
+
+        It is the newest generation whose boundary in ``partition`` is at or
+        below ``offset``. Raises ValueError if ``partition`` does not exist in any
+        generation, or ``offset`` is below the partition's first boundary.
+        """
+        numbers: list[int] = []
+        offsets: list[int] = []
+        for generation in self.generations:
+            boundary = generation.boundary(partition)
+            if boundary is not None:
+                numbers.append(generation.number)
+                offsets.append(boundary)
+        if not numbers:
+            raise ValueError(f"partition {partition} is unknown to the generation log")
+        index = bisect.bisect_right(offsets, offset) - 1
+        if index < 0:
+            raise ValueError(
+                f"offset {offset} of partition {partition} is below its first boundary {offsets[0]}"
+            )
+        return numbers[index]
+
+
+def modes_after_commit(
+    previous: Sequence[PartitionMode], generation: Generation
+) -> tuple[PartitionMode, ...]:
+    """Partition modes once ``generation`` is committed.
+
+    Partitions below the new undeleted count are read-write (including ones brought
+    back from an earlier life). Partitions at or above it that were read-write become
+    read-only (marked for deletion); read-only and removed ones keep their mode.
+    """
+    modes: list[PartitionMode] = []
+    for partition in range(generation.physical_count):
+        old = previous[partition] if partition < len(previous) else PartitionMode.REMOVED
+        if partition < generation.undeleted_count:
+            modes.append(PartitionMode.READ_WRITE)
+        elif old is PartitionMode.READ_WRITE:
+            modes.append(PartitionMode.READ_ONLY)
+        else:
+            modes.append(old)
+    return tuple(modes)
+
+
+@dataclass(frozen=True, slots=True)
+class RetirementView:
+    """What is known of one read-only partition when deciding whether to retire it."""
+
+    log_start: int
+    log_end: int
+    groups_consumed_to_end: bool
+    """Every consumer group known to the sidecars has committed at least ``log_end``."""
+    delete_after: float | None
+    """Wall-clock time (seconds) after which the partition is removed regardless."""
+
+
+class RetirementAction(StrEnum):
+    KEEP = "keep"
+    """Still holds data some group has not consumed."""
+    TRUNCATE = "truncate"
+    """Drained by every known group: DeleteRecords up to the log end, then remove."""
+    REMOVE = "remove"
+    """Empty, or past its delete-after time: mark removed."""
+
+
+def retirement_action(view: RetirementView, now: float) -> RetirementAction:
+    """Decide what to do with a read-only partition (DESIGN §5 "Retirement")."""
+    if view.log_start >= view.log_end:
+        return RetirementAction.REMOVE
+    if view.delete_after is not None and now >= view.delete_after:
+        return RetirementAction.REMOVE
+    if view.groups_consumed_to_end:
+        return RetirementAction.TRUNCATE
+    return RetirementAction.KEEP
+
+
+def partitions_in_mode(modes: Sequence[PartitionMode], mode: PartitionMode) -> list[int]:
+    """Indexes of the partitions in ``mode``."""
+    return [p for p, current in enumerate(modes) if current is mode]

@@ -1,0 +1,188 @@
+"""The gate predicate: waits implied by expansions and shrinks, and a simulated group.
+
+The simulation is the invariant checker: a single producer writes keyed, numbered
+records routed by linear hashing through a random sequence of expansions and shrinks
+(boundaries are the partition ends at each change, as the barrier reads them); a
+consumer group then delivers and commits in an adversarial order chosen by hypothesis,
+taking only records the gate lets through. It must (1) never get stuck while records
+remain (no wait cycle) and (2) deliver every key's records in production order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.gate import GroupProgress, Wait, gate, waits_into
+from sidecar.core.generations import Boundary, ChangeKind, GenerationLog, PartitionMode
+from sidecar.core.routing import linear_hash_partition
+
+RW, RO, REMOVED = PartitionMode.READ_WRITE, PartitionMode.READ_ONLY, PartitionMode.REMOVED
+
+
+@dataclass
+class SimulatedTopic:
+    """A topic's records (key, per-key sequence) per partition, and its generation log."""
+
+    initial_count: int
+    log: GenerationLog
+    partitions: list[list[tuple[int, int]]]
+    next_sequence: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, initial_count: int) -> SimulatedTopic:
+        return cls(
+            initial_count, GenerationLog.start(initial_count), [[] for _ in range(initial_count)]
+        )
+
+    def produce(self, key: int) -> None:
+        # The key itself serves as its non-negative hash.
+        partition = linear_hash_partition(key, self.initial_count, self.log.current.undeleted_count)
+        sequence = self.next_sequence.get(key, 0)
+        self.next_sequence[key] = sequence + 1
+        self.partitions[partition].append((key, sequence))
+
+    def change_count(self, undeleted_count: int) -> None:
+        while len(self.partitions) < undeleted_count:
+            self.partitions.append([])
+        boundaries = [Boundary(len(records)) for records in self.partitions]
+        self.log = self.log.append(self.log.next_generation(undeleted_count, boundaries))
+
+
+def modes_of(log: GenerationLog) -> list[PartitionMode]:
+    return [
+        RW if p < log.current.undeleted_count else RO for p in range(log.current.physical_count)
+    ]
+
+
+@st.composite
+def topics(draw: st.DrawFn) -> SimulatedTopic:
+    initial = draw(st.integers(1, 4))
+    topic = SimulatedTopic.create(initial)
+    keys = st.integers(0, 63)
+    for key in draw(st.lists(keys, max_size=12)):
+        topic.produce(key)
+    for _ in range(draw(st.integers(1, 8))):
+        current = topic.log.current.undeleted_count
+        target = draw(st.integers(initial, 4 * initial + 7))
+        if target >= current:
+            target += 1  # any count but the current one
+        topic.change_count(target)
+        for key in draw(st.lists(keys, max_size=12)):
+            topic.produce(key)
+    return topic
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=topics(), data=st.data())
+def test_gated_group_delivers_everything_in_per_key_order(
+    topic: SimulatedTopic, data: st.DataObject
+) -> None:
+    partitions = topic.partitions
+    delivered = [0] * len(partitions)
+    committed: dict[int, int] = {}
+    last_sequence: dict[int, int] = {}
+    modes = modes_of(topic.log)
+    total = sum(len(records) for records in partitions)
+    count = 0
+    while count < total:
+        progress = GroupProgress(committed=dict(committed), log_start={}, modes=modes)
+        deliverable = [
+            p
+            for p in range(len(partitions))
+            if delivered[p] < len(partitions[p]) and gate(topic.log, progress, p, delivered[p]).open
+        ]
+        committable = [p for p in range(len(partitions)) if committed.get(p, 0) < delivered[p]]
+        # A stuck group with nothing left to commit would be a wait cycle.
+        assert deliverable or committable, f"stuck with {total - count} records left"
+        actions = [("deliver", p) for p in deliverable] + [("commit", p) for p in committable]
+        action, partition = data.draw(st.sampled_from(actions))
+        if action == "commit":
+            committed[partition] = delivered[partition]
+            continue
+        key, sequence = partitions[partition][delivered[partition]]
+        assert sequence == last_sequence.get(key, -1) + 1, f"key {key} out of order"
+        last_sequence[key] = sequence
+        delivered[partition] += 1
+        count += 1
+
+
+def test_without_the_gate_the_simulation_breaks_order() -> None:
+    # The checker above can fail: deliver the new partition first and order breaks.
+    topic = SimulatedTopic.create(1)
+    topic.produce(1)  # partition 0 under U=1
+    topic.change_count(2)
+    topic.produce(1)  # partition 1 under U=2
+    assert topic.partitions == [[(1, 0)], [(1, 1)]]
+    progress = GroupProgress(committed={}, log_start={}, modes=modes_of(topic.log))
+    decision = gate(topic.log, progress, 1, 0)
+    assert not decision.open
+    assert decision.unmet == (Wait(source=0, boundary=1, generation=1, kind=ChangeKind.EXPANSION),)
+
+
+def test_expansion_new_partition_waits_on_its_one_blocker() -> None:
+    log = GenerationLog.start(2, [Boundary(0), Boundary(0)])
+    log = log.append(log.next_generation(3, [Boundary(10), Boundary(20), Boundary(0)]))
+    assert waits_into(log, 2, 1) == (Wait(0, 10, 1, ChangeKind.EXPANSION),)
+    # Old partitions only lose keys: nothing to wait for.
+    assert waits_into(log, 0, 1) == ()
+    assert waits_into(log, 1, 1) == ()
+    lagging = GroupProgress(committed={0: 9}, log_start={}, modes=[RW, RW, RW])
+    assert gate(log, lagging, 2, 0).unmet == (Wait(0, 10, 1, ChangeKind.EXPANSION),)
+    caught_up = GroupProgress(committed={0: 10}, log_start={}, modes=[RW, RW, RW])
+    assert gate(log, caught_up, 2, 0).open
+
+
+def test_shrink_remaining_partition_is_free_below_its_boundary() -> None:
+    log = GenerationLog.start(2)
+    log = log.append(log.next_generation(4, [Boundary(0)] * 4))
+    log = log.append(log.next_generation(2, [Boundary(5), Boundary(6), Boundary(7), Boundary(8)]))
+    progress = GroupProgress(committed={}, log_start={}, modes=[RW, RW, RO, RO])
+    # Offset 4 of partition 0 is generation 1: no shrink wait applies.
+    assert gate(log, progress, 0, 4).open
+    # Offset 5 is generation 2: waits on retired partition 2 (its child).
+    assert gate(log, progress, 0, 5).unmet == (Wait(2, 7, 2, ChangeKind.SHRINK),)
+    assert gate(log, progress, 1, 6).unmet == (Wait(3, 8, 2, ChangeKind.SHRINK),)
+
+
+def test_log_start_and_removed_partitions_count_as_consumed() -> None:
+    log = GenerationLog.start(1)
+    log = log.append(log.next_generation(2, [Boundary(4), Boundary(0)]))
+    truncated = GroupProgress(committed={}, log_start={0: 4}, modes=[RW, RW])
+    assert gate(log, truncated, 1, 0).open
+    removed = GroupProgress(committed={}, log_start={}, modes=[REMOVED, RW])
+    assert gate(log, removed, 1, 0).open
+    neither = GroupProgress(committed={0: 3}, log_start={0: 3}, modes=[RW, RW])
+    assert not gate(log, neither, 1, 0).open
+
+
+@given(topic=topics())
+def test_every_wait_points_at_strictly_older_records(topic: SimulatedTopic) -> None:
+    log = topic.log
+    for partition in range(log.current.physical_count):
+        for generation in range(log.current.number + 1):
+            if log[generation].boundary(partition) is None:
+                continue
+            for wait in waits_into(log, partition, generation):
+                assert wait.generation <= generation
+                # Records below the boundary belong to generations before the change.
+                if wait.boundary > 0:
+                    assert log.generation_of(wait.source, wait.boundary - 1) < wait.generation
+
+
+def test_waits_are_inherited_through_a_partition_without_records_of_the_key() -> None:
+    # Found by the simulation: key 3 goes 3 (U=4) -> 0 (U=1) -> 1 (U=2) with nothing
+    # written while U=1. Partition 1 must wait on partition 3, not only on 0.
+    topic = SimulatedTopic.create(1)
+    topic.change_count(4)
+    topic.produce(3)
+    topic.change_count(1)
+    topic.change_count(2)
+    topic.produce(3)
+    assert topic.partitions == [[], [(3, 1)], [], [(3, 0)]]
+    progress = GroupProgress(committed={}, log_start={}, modes=modes_of(topic.log))
+    assert gate(topic.log, progress, 1, 0).unmet == (Wait(3, 1, 2, ChangeKind.SHRINK),)
+    drained = GroupProgress(committed={3: 1}, log_start={}, modes=modes_of(topic.log))
+    assert gate(topic.log, drained, 1, 0).open
