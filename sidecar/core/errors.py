@@ -1,0 +1,195 @@
+"""One error hierarchy for the whole sidecar.
+
+Behaviour lives in class attributes, as in aiokafka's ``errors.py``: ``retriable``
+says a client may retry the same request unchanged, ``http_status`` and
+``error_code`` are what the HTTP layer answers (Confluent REST Proxy style:
+``{"error_code": 40401, "message": "..."}``). The HTTP layer maps errors in exactly
+one place; nothing below it knows about HTTP responses.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class SidecarError(Exception):
+    """Root of every error the sidecar raises on purpose."""
+
+    http_status: ClassVar[int] = 500
+    error_code: ClassVar[int] = 50000
+    retriable: ClassVar[bool] = False
+    default_message: ClassVar[str] = "internal error"
+
+    def __init__(self, message: str | None = None) -> None:
+        self.message = message or self.default_message
+        super().__init__(self.message)
+
+
+# 400: the request itself is wrong -----------------------------------------------------
+
+
+class BadRequest(SidecarError):
+    """Malformed request: unparsable JSON, wrong shape, bad query parameter."""
+
+    http_status = 400
+    error_code = 40001
+    default_message = "malformed request"
+
+
+class InvalidRecord(SidecarError):
+    """A record is well-formed JSON but unusable (bad base64, missing value, ...)."""
+
+    http_status = 422
+    error_code = 42201
+    default_message = "invalid record"
+
+
+class UnsupportedMediaType(SidecarError):
+    http_status = 415
+    error_code = 41501
+    default_message = "unsupported content type"
+
+
+class PayloadTooLarge(SidecarError):
+    http_status = 413
+    error_code = 41301
+    default_message = "request body is larger than the configured limit"
+
+
+class NotAuthorized(SidecarError):
+    """Admin call without the configured token (KIP-195 TOPIC_AUTHORIZATION_FAILED)."""
+
+    http_status = 403
+    error_code = 40301
+    default_message = "not authorized"
+
+
+class AdminDisabled(SidecarError):
+    http_status = 403
+    error_code = 40302
+    default_message = "admin endpoints are disabled on this sidecar"
+
+
+# 404: something named does not exist ---------------------------------------------------
+
+
+class UnknownTopic(SidecarError):
+    http_status = 404
+    error_code = 40401
+    default_message = "topic not found"
+
+
+class UnknownPartition(SidecarError):
+    http_status = 404
+    error_code = 40402
+    default_message = "partition not found"
+
+
+class UnknownConsumerInstance(SidecarError):
+    http_status = 404
+    error_code = 40403
+    default_message = "consumer instance not found"
+
+
+# 409 / 422: state conflicts and invalid changes ----------------------------------------
+
+
+class TopicAlreadyManaged(SidecarError):
+    http_status = 409
+    error_code = 40901
+    default_message = "topic is already managed"
+
+
+class PartitionReadOnly(SidecarError):
+    """The partition is marked for deletion (read-only) or removed: no new writes."""
+
+    http_status = 409
+    error_code = 40902
+    default_message = "partition does not accept writes"
+
+
+class FencedGeneration(SidecarError):
+    """The request names an older generation/count than the current one (KIP-320 FENCED)."""
+
+    http_status = 409
+    error_code = 40910
+    retriable = True
+    default_message = "produce fenced: the topic's partition count changed"
+
+    def __init__(
+        self, message: str | None = None, *, current_generation: int = -1, current_count: int = -1
+    ) -> None:
+        super().__init__(message)
+        self.current_generation = current_generation
+        self.current_count = current_count
+
+
+class OperationInProgress(SidecarError):
+    """Another partition-count change of this topic is running (one at a time)."""
+
+    http_status = 409
+    error_code = 40920
+    retriable = True
+    default_message = "another partition-count change is in progress for this topic"
+
+
+class InvalidPartitionCount(SidecarError):
+    """KIP-195 INVALID_PARTITIONS: not an increase, below N, or otherwise impossible."""
+
+    http_status = 422
+    error_code = 42210
+    default_message = "invalid partition count"
+
+
+# 5xx: the sidecar cannot serve now -----------------------------------------------------
+
+
+class UnknownGeneration(SidecarError):
+    """The request names a newer generation than this sidecar knows (KIP-320 UNKNOWN)."""
+
+    http_status = 503
+    error_code = 50310
+    retriable = True
+    default_message = "unknown generation: this sidecar is refreshing its metadata"
+
+
+class MetadataUnavailable(SidecarError):
+    """ZooKeeper session suspended or lost: managed topics cannot be written safely."""
+
+    http_status = 503
+    error_code = 50320
+    retriable = True
+    default_message = "topic metadata unavailable: coordination service unreachable"
+
+
+class ProduceHoldTimeout(SidecarError):
+    """A produce stayed held (barrier or reconnect) longer than the configured limit."""
+
+    http_status = 503
+    error_code = 50330
+    retriable = True
+    default_message = "produce held too long while the partition count changes"
+
+
+class KafkaUnavailable(SidecarError):
+    """A retriable Kafka error (leader not available, timeout, ...)."""
+
+    http_status = 503
+    error_code = 50002
+    retriable = True
+    default_message = "kafka unavailable"
+
+
+class KafkaFailure(SidecarError):
+    """A non-retriable Kafka error."""
+
+    http_status = 500
+    error_code = 50001
+    default_message = "kafka error"
+
+
+class ShuttingDown(SidecarError):
+    http_status = 503
+    error_code = 50301
+    retriable = True
+    default_message = "sidecar is shutting down"

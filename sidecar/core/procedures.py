@@ -1,0 +1,485 @@
+"""Partition-count changes (DESIGN §5) as two explicit state machines.
+
+Coordinator (one per topic at a time, under a lock). The operation record is the
+journal: the caller persists the record returned by ``step`` *before* it runs the
+actions, so a coordinator that dies anywhere is resumed from the stored record by
+the next one (``resume``), and every action is idempotent.
+
+    phase                 observation              next phase           action(s)
+    ------------------    ---------------------    ------------------   -----------------------
+    CREATING_PARTITIONS   PartitionsCreated        BARRIER              PublishBarrier
+    CREATING_PARTITIONS   Failed                   ROLLING_BACK         RemoveBarrier
+    BARRIER               BarrierProgress(all)     READING_BOUNDARIES   ReadHighWatermarks
+    BARRIER               BarrierProgress(late)    ROLLING_BACK         RemoveBarrier
+    READING_BOUNDARIES    HighWatermarks           COMMITTING           CommitGeneration
+    COMMITTING            Committed                DONE                 -
+    ROLLING_BACK          RolledBack               ROLLED_BACK          -
+
+A shrink starts in BARRIER (no partitions to create). Rules the table enforces:
+an observation that does not fit the phase is refused (``UnexpectedObservation``);
+DONE and ROLLED_BACK are final; the barrier is only passed when *every live*
+sidecar has acked (a sidecar whose session expired is not live); a boundary is at
+least one past the last offset any sidecar reported acknowledged, because the high
+watermark can trail an appended record.
+
+Participant (every sidecar, per managed topic). It decides whether a produce may be
+routed now, with which generation, and when the sidecar may ack a barrier: only when
+every send made under the old generation is known to have landed or known not to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import NewType
+
+from sidecar.core.errors import (
+    FencedGeneration,
+    InvalidPartitionCount,
+    MetadataUnavailable,
+    UnknownGeneration,
+)
+from sidecar.core.generations import Boundary, Generation, GenerationLog
+
+SidecarId = NewType("SidecarId", str)
+
+MAX_PARTITION_COUNT = 10_000
+"""Refuse absurd targets early; Kafka itself allows more but no test or app here needs it."""
+
+
+class OperationKind(StrEnum):
+    EXPAND = "expand"
+    SHRINK = "shrink"
+
+
+class Phase(StrEnum):
+    CREATING_PARTITIONS = "creating_partitions"
+    BARRIER = "barrier"
+    READING_BOUNDARIES = "reading_boundaries"
+    COMMITTING = "committing"
+    ROLLING_BACK = "rolling_back"
+    DONE = "done"
+    ROLLED_BACK = "rolled_back"
+
+
+FINAL_PHASES = frozenset({Phase.DONE, Phase.ROLLED_BACK})
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """The journal of one partition-count change; stored as is in ZooKeeper."""
+
+    topic: str
+    kind: OperationKind
+    from_generation: int
+    from_count: int
+    target_count: int
+    phase: Phase
+    coordinator: SidecarId
+    started_at: float
+    barrier_deadline: float
+    physical_count: int
+    """Physical partitions once the operation's partitions exist."""
+    previous_boundaries: tuple[int, ...] = ()
+    """Boundaries of the generation being replaced: a new boundary never moves back."""
+    acked_floor: tuple[int, ...] = ()
+    """Per partition: one past the highest offset any sidecar reported acknowledged."""
+    boundaries: tuple[Boundary, ...] = ()
+    delete_after_seconds: float | None = None
+    outcome: str = ""
+
+    @property
+    def pending_generation(self) -> int:
+        return self.from_generation + 1
+
+
+class UnexpectedObservation(Exception):
+    """An observation that the operation's phase does not accept (a caller bug)."""
+
+
+# Observations fed to the coordinator ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionsCreated:
+    physical_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierProgress:
+    live: frozenset[SidecarId]
+    acks: Mapping[SidecarId, Mapping[int, int]]
+    """Each acking sidecar's highest acknowledged offset + 1 per partition."""
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class HighWatermarks:
+    offsets: Sequence[int]
+    leader_epochs: Sequence[int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RolledBack:
+    pass
+
+
+Observation = PartitionsCreated | Failed | BarrierProgress | HighWatermarks | Committed | RolledBack
+
+
+# Actions the coordinator asks the caller to run ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitions:
+    topic: str
+    total_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishBarrier:
+    topic: str
+    pending_generation: int
+    target_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadHighWatermarks:
+    topic: str
+    physical_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitGeneration:
+    topic: str
+    generation: Generation
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveBarrier:
+    topic: str
+    pending_generation: int
+
+
+Action = CreatePartitions | PublishBarrier | ReadHighWatermarks | CommitGeneration | RemoveBarrier
+
+
+def plan_change(
+    *,
+    kind: OperationKind,
+    log: GenerationLog,
+    physical_count: int,
+    topic: str,
+    target_count: int,
+    coordinator: SidecarId,
+    now: float,
+    barrier_timeout: float,
+    delete_after_seconds: float | None = None,
+) -> tuple[Operation, list[Action]]:
+    """Validate a change to ``target_count`` and build its first journal record.
+
+    Raises InvalidPartitionCount (KIP-195 INVALID_PARTITIONS) if an expansion's target
+    is not above the current count or above MAX_PARTITION_COUNT, or a shrink's target
+    is not in ``[N, U)``.
+    """
+    if kind is OperationKind.EXPAND:
+        validate_expansion(log, target_count)
+    else:
+        validate_shrink(log, target_count)
+    current = log.current.undeleted_count
+    operation = Operation(
+        topic=topic,
+        kind=kind,
+        from_generation=log.current.number,
+        from_count=current,
+        target_count=target_count,
+        phase=Phase.CREATING_PARTITIONS if kind is OperationKind.EXPAND else Phase.BARRIER,
+        coordinator=coordinator,
+        started_at=now,
+        barrier_deadline=now + barrier_timeout,
+        physical_count=max(physical_count, target_count),
+        previous_boundaries=tuple(b.offset for b in log.current.boundaries),
+        delete_after_seconds=delete_after_seconds,
+    )
+    return operation, resume(operation)
+
+
+def validate_expansion(log: GenerationLog, target_count: int) -> None:
+    """KIP-195 ``increaseTo`` rules: the target is an absolute count above the current one."""
+    if target_count <= log.current.undeleted_count:
+        raise InvalidPartitionCount(
+            f"expansion needs more than the current {log.current.undeleted_count} partitions, "
+            f"got {target_count}"
+        )
+    if target_count > MAX_PARTITION_COUNT:
+        raise InvalidPartitionCount(f"{target_count} partitions is above {MAX_PARTITION_COUNT}")
+
+
+def validate_shrink(log: GenerationLog, target_count: int) -> None:
+    """A shrink keeps ``N <= target < U`` (KIP-253: never below the initial count)."""
+    current = log.current.undeleted_count
+    if not log.initial_count <= target_count < current:
+        raise InvalidPartitionCount(
+            f"shrink needs a count in [{log.initial_count}, {current}), got {target_count}"
+        )
+
+
+def resume(operation: Operation) -> list[Action]:
+    """The (idempotent) actions that carry a stored operation forward from its phase."""
+    topic = operation.topic
+    match operation.phase:
+        case Phase.CREATING_PARTITIONS:
+            return [CreatePartitions(topic, operation.physical_count)]
+        case Phase.BARRIER:
+            return [PublishBarrier(topic, operation.pending_generation, operation.target_count)]
+        case Phase.READING_BOUNDARIES:
+            return [ReadHighWatermarks(topic, operation.physical_count)]
+        case Phase.COMMITTING:
+            return [CommitGeneration(topic, _generation_of(operation))]
+        case Phase.ROLLING_BACK:
+            return [RemoveBarrier(topic, operation.pending_generation)]
+        case Phase.DONE | Phase.ROLLED_BACK:
+            return []
+
+
+def step(operation: Operation, observation: Observation) -> tuple[Operation, list[Action]]:
+    """Advance the coordinator by one observation.
+
+    Returns the new record (persist it first) and the actions to run. Raises
+    UnexpectedObservation if the phase does not accept ``observation``.
+    """
+    phase = operation.phase
+    match observation:
+        case PartitionsCreated(physical_count) if phase is Phase.CREATING_PARTITIONS:
+            if physical_count < operation.target_count:
+                raise UnexpectedObservation(
+                    f"{physical_count} partitions exist, {operation.target_count} needed"
+                )
+            return _to(replace(operation, physical_count=physical_count), Phase.BARRIER)
+        case Failed(reason) if phase in (Phase.CREATING_PARTITIONS, Phase.BARRIER):
+            return _to(replace(operation, outcome=reason), Phase.ROLLING_BACK)
+        case BarrierProgress() if phase is Phase.BARRIER:
+            return _barrier_progress(operation, observation)
+        case HighWatermarks() if phase is Phase.READING_BOUNDARIES:
+            return _to(_with_boundaries(operation, observation), Phase.COMMITTING)
+        case Committed() if phase is Phase.COMMITTING:
+            return _to(replace(operation, outcome="committed"), Phase.DONE)
+        case RolledBack() if phase is Phase.ROLLING_BACK:
+            return _to(operation, Phase.ROLLED_BACK)
+    raise UnexpectedObservation(f"{type(observation).__name__} in phase {phase}")
+
+
+def missing_acks(operation: Operation, progress: BarrierProgress) -> frozenset[SidecarId]:
+    """Live sidecars that have not acked the barrier yet."""
+    return frozenset(progress.live - progress.acks.keys())
+
+
+def _barrier_progress(
+    operation: Operation, progress: BarrierProgress
+) -> tuple[Operation, list[Action]]:
+    if not missing_acks(operation, progress):
+        floor = [0] * operation.physical_count
+        for acked in progress.acks.values():
+            for partition, next_offset in acked.items():
+                if 0 <= partition < len(floor):
+                    floor[partition] = max(floor[partition], next_offset)
+        return _to(replace(operation, acked_floor=tuple(floor)), Phase.READING_BOUNDARIES)
+    if progress.now >= operation.barrier_deadline:
+        missing = ", ".join(sorted(missing_acks(operation, progress)))
+        return _to(
+            replace(operation, outcome=f"barrier timed out waiting for {missing}"),
+            Phase.ROLLING_BACK,
+        )
+    return operation, []
+
+
+def _with_boundaries(operation: Operation, marks: HighWatermarks) -> Operation:
+    if len(marks.offsets) < operation.physical_count:
+        raise UnexpectedObservation(
+            f"{len(marks.offsets)} high watermarks for {operation.physical_count} partitions"
+        )
+    boundaries = []
+    for partition in range(operation.physical_count):
+        # The high watermark can trail a record some sidecar already saw acknowledged,
+        # or (after a leader change) even the previous boundary: take the largest.
+        floors = (operation.acked_floor, operation.previous_boundaries)
+        floor = max((f[partition] for f in floors if partition < len(f)), default=0)
+        epoch = marks.leader_epochs[partition] if partition < len(marks.leader_epochs) else None
+        boundaries.append(Boundary(max(marks.offsets[partition], floor), epoch))
+    return replace(operation, boundaries=tuple(boundaries))
+
+
+def _generation_of(operation: Operation) -> Generation:
+    return Generation(operation.pending_generation, operation.target_count, operation.boundaries)
+
+
+def _to(operation: Operation, phase: Phase) -> tuple[Operation, list[Action]]:
+    moved = replace(operation, phase=phase)
+    return moved, resume(moved)
+
+
+# Participant ----------------------------------------------------------------------------
+
+
+class SessionState(StrEnum):
+    """The sidecar's ZooKeeper session as kazoo reports it."""
+
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    LOST = "lost"
+
+
+class Admission(StrEnum):
+    ROUTE = "route"
+    """Route and send now under the participant's generation."""
+    HOLD = "hold"
+    """Wait: a barrier is pending or the metadata is being re-read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Participant:
+    """One sidecar's view of one managed topic, for producing.
+
+    ``in_flight`` counts sends made under ``generation`` whose outcome is not known
+    yet; ``uncertain`` holds the ids of sends that failed or timed out, which the
+    broker may still have appended. ``acked_next`` is, per partition, one past the
+    highest offset acknowledged under ``generation``.
+    """
+
+    generation: int
+    undeleted_count: int
+    session: SessionState = SessionState.CONNECTED
+    metadata_fresh: bool = True
+    pending_generation: int | None = None
+    in_flight: int = 0
+    uncertain: frozenset[int] = frozenset()
+    acked_next: Mapping[int, int] = field(default_factory=dict)
+    barrier_acked: bool = False
+
+    def admission(self) -> Admission:
+        """Whether a new produce may be routed now."""
+        if self.session is not SessionState.CONNECTED or not self.metadata_fresh:
+            return Admission.HOLD
+        if self.pending_generation is not None:
+            return Admission.HOLD
+        return Admission.ROUTE
+
+    def check_expected(self, expected_generation: int | None, expected_count: int | None) -> None:
+        """Fence a produce that names a generation or count (KIP-253 ``undeleted_partition_count``).
+
+        Raises FencedGeneration (older generation, or another count) or
+        UnknownGeneration (newer than this sidecar knows); MetadataUnavailable if the
+        session is not connected.
+        """
+        if self.session is not SessionState.CONNECTED:
+            raise MetadataUnavailable()
+        if expected_generation is not None:
+            if expected_generation < self.generation:
+                raise FencedGeneration(
+                    f"generation {expected_generation} is older than the current {self.generation}",
+                    current_generation=self.generation,
+                    current_count=self.undeleted_count,
+                )
+            if expected_generation > self.generation:
+                raise UnknownGeneration(
+                    f"generation {expected_generation} is newer than {self.generation}"
+                )
+        if expected_count is not None and expected_count != self.undeleted_count:
+            raise FencedGeneration(
+                f"partition count {expected_count} is not the current {self.undeleted_count}",
+                current_generation=self.generation,
+                current_count=self.undeleted_count,
+            )
+
+    def send_started(self) -> Participant:
+        """Record a send routed under ``generation``. Raises if not admitted."""
+        if self.admission() is not Admission.ROUTE:
+            raise RuntimeError("send started while the participant holds produces")
+        return replace(self, in_flight=self.in_flight + 1)
+
+    def send_acknowledged(self, partition: int, offset: int) -> Participant:
+        acked = dict(self.acked_next)
+        acked[partition] = max(acked.get(partition, 0), offset + 1)
+        return replace(self, in_flight=self.in_flight - 1, acked_next=acked)
+
+    def send_failed(self, send_id: int, *, maybe_appended: bool) -> Participant:
+        """A send failed; if the broker may still have appended it, it stays uncertain."""
+        uncertain = self.uncertain | {send_id} if maybe_appended else self.uncertain
+        return replace(self, in_flight=self.in_flight - 1, uncertain=uncertain)
+
+    def uncertain_resolved(self, send_id: int, landed_at: tuple[int, int] | None) -> Participant:
+        """An uncertain send was found in the log at ``(partition, offset)``, or proven absent."""
+        resolved = replace(self, uncertain=self.uncertain - {send_id})
+        if landed_at is None:
+            return resolved
+        partition, offset = landed_at
+        acked = dict(resolved.acked_next)
+        acked[partition] = max(acked.get(partition, 0), offset + 1)
+        return replace(resolved, acked_next=acked)
+
+    def barrier_published(self, pending_generation: int) -> Participant:
+        """A coordinator published generation ``pending_generation``: hold new produces."""
+        if pending_generation <= self.generation:
+            return self  # a stale notification of a barrier already passed
+        return replace(self, pending_generation=pending_generation, barrier_acked=False)
+
+    def ready_to_ack(self) -> bool:
+        """True when the pending barrier may be acked: no send of the old generation unsettled."""
+        return (
+            self.pending_generation is not None
+            and not self.barrier_acked
+            and self.in_flight == 0
+            and not self.uncertain
+            and self.session is SessionState.CONNECTED
+        )
+
+    def barrier_ack(self) -> tuple[Participant, dict[int, int]]:
+        """Mark the barrier acked and return the acked offsets to publish with the ack."""
+        if not self.ready_to_ack():
+            raise RuntimeError("barrier acked with sends still unsettled")
+        return replace(self, barrier_acked=True), dict(self.acked_next)
+
+    def generation_committed(self, generation: Generation) -> Participant:
+        """Route with the committed generation from now on."""
+        if generation.number <= self.generation:
+            return self
+        return replace(
+            self,
+            generation=generation.number,
+            undeleted_count=generation.undeleted_count,
+            pending_generation=None,
+            barrier_acked=False,
+            acked_next={},
+        )
+
+    def barrier_removed(self) -> Participant:
+        """The change was rolled back: resume routing with the current generation."""
+        return replace(self, pending_generation=None, barrier_acked=False)
+
+    def session_changed(self, session: SessionState) -> Participant:
+        """Suspended or lost: hold. Reconnected: still hold until the metadata is re-read."""
+        if session is SessionState.CONNECTED:
+            return replace(self, session=session)
+        return replace(self, session=session, metadata_fresh=False)
+
+    def metadata_reloaded(
+        self, generation: Generation, pending_generation: int | None
+    ) -> Participant:
+        """Fresh metadata read after (re)connecting."""
+        updated = self.generation_committed(generation)
+        if pending_generation is not None and pending_generation <= updated.generation:
+            pending_generation = None
+        if pending_generation != updated.pending_generation:
+            updated = replace(updated, pending_generation=pending_generation, barrier_acked=False)
+        return replace(updated, metadata_fresh=True)

@@ -1,0 +1,470 @@
+"""Expand/shrink procedure: the coordinator table, the participant, and simulated peers.
+
+The simulation links several participants and one coordinator through an in-memory
+store and in-memory partitions. Hypothesis picks every interleaving: produces, sends
+landing late or failing uncertainly, barrier notifications arriving late, sessions
+suspending, expiring and reconnecting, coordinators timing out. The invariant is the
+one DESIGN §5 promises: every record sits on the side of every boundary that its
+generation header says (no write across a barrier), and no produce fails because of
+a successful change.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.core.errors import (
+    FencedGeneration,
+    InvalidPartitionCount,
+    MetadataUnavailable,
+    UnknownGeneration,
+)
+from sidecar.core.generations import GenerationLog
+from sidecar.core.procedures import (
+    Admission,
+    BarrierProgress,
+    CommitGeneration,
+    Committed,
+    CreatePartitions,
+    Failed,
+    HighWatermarks,
+    Operation,
+    OperationKind,
+    Participant,
+    PartitionsCreated,
+    Phase,
+    PublishBarrier,
+    ReadHighWatermarks,
+    RemoveBarrier,
+    RolledBack,
+    SessionState,
+    SidecarId,
+    UnexpectedObservation,
+    plan_change,
+    resume,
+    step,
+)
+
+A, B = SidecarId("a"), SidecarId("b")
+
+
+def expand(log: GenerationLog, target: int, now: float = 0.0) -> Operation:
+    operation, _ = plan_change(
+        kind=OperationKind.EXPAND,
+        log=log,
+        physical_count=log.current.physical_count,
+        topic="t",
+        target_count=target,
+        coordinator=A,
+        now=now,
+        barrier_timeout=10.0,
+    )
+    return operation
+
+
+def test_expansion_walks_the_table_to_done() -> None:
+    log = GenerationLog.start(2)
+    operation, actions = plan_change(
+        kind=OperationKind.EXPAND,
+        log=log,
+        physical_count=2,
+        topic="t",
+        target_count=3,
+        coordinator=A,
+        now=0.0,
+        barrier_timeout=10.0,
+    )
+    assert operation.phase is Phase.CREATING_PARTITIONS
+    assert actions == [CreatePartitions("t", 3)]
+    operation, actions = step(operation, PartitionsCreated(3))
+    assert actions == [PublishBarrier("t", 1, 3)]
+    # B has not acked: wait, no action.
+    waiting = BarrierProgress(frozenset({A, B}), {A: {0: 4}}, now=1.0)
+    assert step(operation, waiting) == (operation, [])
+    operation, actions = step(
+        operation, BarrierProgress(frozenset({A, B}), {A: {0: 4}, B: {0: 7, 1: 2}}, now=2.0)
+    )
+    assert operation.phase is Phase.READING_BOUNDARIES
+    assert operation.acked_floor == (7, 2, 0)
+    assert actions == [ReadHighWatermarks("t", 3)]
+    # The high watermark of partition 0 trails B's acknowledged offset 6: boundary 7.
+    operation, actions = step(operation, HighWatermarks([5, 9, 0], [3, 3, 0]))
+    assert [b.offset for b in operation.boundaries] == [7, 9, 0]
+    assert [b.leader_epoch for b in operation.boundaries] == [3, 3, 0]
+    [commit] = actions
+    assert isinstance(commit, CommitGeneration)
+    assert commit.generation.number == 1
+    assert commit.generation.undeleted_count == 3
+    assert log.append(commit.generation).current.undeleted_count == 3
+    operation, actions = step(operation, Committed())
+    assert (operation.phase, actions) == (Phase.DONE, [])
+
+
+def test_shrink_starts_at_the_barrier() -> None:
+    log = GenerationLog.start(2)
+    log = log.append(log.next_generation(4, list(GenerationLog.start(4).current.boundaries)))
+    operation, actions = plan_change(
+        kind=OperationKind.SHRINK,
+        log=log,
+        physical_count=4,
+        topic="t",
+        target_count=3,
+        coordinator=A,
+        now=0.0,
+        barrier_timeout=5.0,
+        delete_after_seconds=60.0,
+    )
+    assert operation.phase is Phase.BARRIER
+    assert operation.pending_generation == 2
+    assert actions == [PublishBarrier("t", 2, 3)]
+
+
+def test_barrier_timeout_rolls_back() -> None:
+    operation = expand(GenerationLog.start(1), 2)
+    operation, _ = step(operation, PartitionsCreated(2))
+    late = BarrierProgress(frozenset({A, B}), {A: {}}, now=10.0)
+    operation, actions = step(operation, late)
+    assert operation.phase is Phase.ROLLING_BACK
+    assert "b" in operation.outcome
+    assert actions == [RemoveBarrier("t", 1)]
+    operation, actions = step(operation, RolledBack())
+    assert (operation.phase, actions) == (Phase.ROLLED_BACK, [])
+
+
+def test_an_expired_sidecar_is_not_waited_for() -> None:
+    operation = expand(GenerationLog.start(1), 2)
+    operation, _ = step(operation, PartitionsCreated(2))
+    operation, _ = step(operation, BarrierProgress(frozenset({A}), {A: {}}, now=1.0))
+    assert operation.phase is Phase.READING_BOUNDARIES
+
+
+def test_failed_partition_creation_rolls_back() -> None:
+    operation = expand(GenerationLog.start(1), 2)
+    operation, actions = step(operation, Failed("policy violation"))
+    assert operation.phase is Phase.ROLLING_BACK
+    assert actions == [RemoveBarrier("t", 1)]
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_resume_repeats_the_phase_action(phase: Phase) -> None:
+    operation = replace(expand(GenerationLog.start(1), 2), phase=phase)
+    kinds = {
+        Phase.CREATING_PARTITIONS: [CreatePartitions],
+        Phase.BARRIER: [PublishBarrier],
+        Phase.READING_BOUNDARIES: [ReadHighWatermarks],
+        Phase.COMMITTING: [CommitGeneration],
+        Phase.ROLLING_BACK: [RemoveBarrier],
+        Phase.DONE: [],
+        Phase.ROLLED_BACK: [],
+    }
+    assert [type(a) for a in resume(operation)] == kinds[phase]
+
+
+def test_observations_outside_their_phase_are_refused() -> None:
+    operation = expand(GenerationLog.start(1), 2)
+    with pytest.raises(UnexpectedObservation):
+        step(operation, Committed())
+    with pytest.raises(UnexpectedObservation):
+        step(operation, PartitionsCreated(1))
+    done = replace(operation, phase=Phase.DONE)
+    with pytest.raises(UnexpectedObservation):
+        step(done, Failed("late"))
+
+
+@pytest.mark.parametrize(
+    ("kind", "target", "message"),
+    [
+        (OperationKind.EXPAND, 4, "more than the current 4"),
+        (OperationKind.EXPAND, 3, "more than the current 4"),
+        (OperationKind.EXPAND, 10_001, "above"),
+        (OperationKind.SHRINK, 4, r"\[2, 4\)"),
+        (OperationKind.SHRINK, 1, r"\[2, 4\)"),
+    ],
+)
+def test_invalid_counts_are_refused(kind: OperationKind, target: int, message: str) -> None:
+    log = GenerationLog.start(2)
+    log = log.append(log.next_generation(4, list(GenerationLog.start(4).current.boundaries)))
+    with pytest.raises(InvalidPartitionCount, match=message):
+        plan_change(
+            kind=kind,
+            log=log,
+            physical_count=4,
+            topic="t",
+            target_count=target,
+            coordinator=A,
+            now=0.0,
+            barrier_timeout=1.0,
+        )
+
+
+def test_participant_fencing() -> None:
+    participant = Participant(generation=3, undeleted_count=6)
+    participant.check_expected(3, 6)
+    participant.check_expected(None, None)
+    with pytest.raises(FencedGeneration) as fenced:
+        participant.check_expected(2, None)
+    assert (fenced.value.current_generation, fenced.value.current_count) == (3, 6)
+    with pytest.raises(FencedGeneration):
+        participant.check_expected(None, 5)
+    with pytest.raises(UnknownGeneration):
+        participant.check_expected(4, None)
+    with pytest.raises(MetadataUnavailable):
+        participant.session_changed(SessionState.SUSPENDED).check_expected(3, None)
+
+
+def test_participant_acks_only_when_every_old_send_is_settled() -> None:
+    participant = Participant(generation=0, undeleted_count=2).send_started().send_started()
+    participant = participant.barrier_published(1)
+    assert participant.admission() is Admission.HOLD
+    participant = participant.send_acknowledged(0, 41)
+    participant = participant.send_failed(7, maybe_appended=True)
+    assert not participant.ready_to_ack()
+    participant = participant.uncertain_resolved(7, (1, 9))
+    assert participant.ready_to_ack()
+    participant, acked = participant.barrier_ack()
+    assert acked == {0: 42, 1: 10}
+    assert not participant.ready_to_ack()
+
+
+def test_participant_holds_after_reconnect_until_metadata_is_reloaded() -> None:
+    participant = Participant(generation=0, undeleted_count=2)
+    participant = participant.session_changed(SessionState.SUSPENDED)
+    assert participant.admission() is Admission.HOLD
+    participant = participant.session_changed(SessionState.CONNECTED)
+    assert participant.admission() is Admission.HOLD
+    generation = GenerationLog.start(2).current
+    assert participant.metadata_reloaded(generation, None).admission() is Admission.ROUTE
+
+
+# Simulated peers -------------------------------------------------------------------------
+
+
+@dataclass
+class Send:
+    sidecar: SidecarId
+    send_id: int
+    partition: int
+    generation: int
+
+
+@dataclass
+class World:
+    """Sidecars, one coordinator, a store and the partitions, all in memory."""
+
+    log: GenerationLog
+    participants: dict[SidecarId, Participant]
+    live: set[SidecarId]
+    partitions: list[list[int]]
+    """Each record's generation header, in offset order."""
+    in_flight: list[Send] = field(default_factory=list)
+    ghosts: list[Send] = field(default_factory=list)
+    """Sends reported failed that the broker may still append."""
+    ghost_offsets: dict[int, tuple[int, int]] = field(default_factory=dict)
+    operation: Operation | None = None
+    barrier: int | None = None
+    acks: dict[SidecarId, dict[int, int]] = field(default_factory=dict)
+    now: float = 0.0
+    next_send_id: int = 0
+    changes_done: int = 0
+    acknowledged_end: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    def moves(self) -> list[tuple[str, int | str | None]]:
+        moves: list[tuple[str, int | str | None]] = []
+        for sidecar, participant in self.participants.items():
+            connected = participant.session is SessionState.CONNECTED
+            if participant.admission() is Admission.ROUTE:
+                moves.append(("produce", sidecar))
+            if connected and self.barrier is not None and participant.pending_generation is None:
+                moves.append(("see_barrier", sidecar))
+            if connected and participant.pending_generation is not None and self.barrier is None:
+                moves.append(("see_release", sidecar))
+            if participant.ready_to_ack() and sidecar in self.live:
+                moves.append(("ack", sidecar))
+            if participant.uncertain:
+                moves.append(("resolve", sidecar))
+            if connected:
+                moves.append(("suspend", sidecar))
+            elif sidecar in self.live and not any(
+                s.sidecar == sidecar for s in self.in_flight + self.ghosts
+            ):
+                # The zombie argument: by the time a session expires its sends are done
+                # (request timeout < session timeout, and a suspended sidecar sends nothing).
+                moves.append(("expire", sidecar))
+            else:
+                moves.append(("reconnect", sidecar))
+        moves += [("land", i) for i in range(len(self.in_flight))]
+        moves += [("fail", i) for i in range(len(self.in_flight))]
+        moves += [("ghost_lands", i) for i in range(len(self.ghosts))]
+        moves.append(("coordinate", None) if self.operation else ("start_change", None))
+        moves.append(("tick", None))
+        # Repeat the common moves so that sessions do not spend most runs suspended.
+        common = {"produce", "land", "see_barrier", "see_release", "ack", "coordinate", "reconnect"}
+        return moves + [move for move in moves if move[0] in common] * 3
+
+    def append(self, partition: int, generation: int, *, acknowledged: bool) -> int:
+        self.partitions[partition].append(generation)
+        offset = len(self.partitions[partition]) - 1
+        if acknowledged:
+            self.acknowledged_end[partition] = offset + 1
+        return offset
+
+
+def apply(world: World, move: str, arg: int | str | None, data: st.DataObject) -> None:
+    if isinstance(arg, str):
+        sidecar = SidecarId(arg)
+        participant = world.participants[sidecar]
+        if move == "produce":
+            partition = data.draw(st.integers(0, participant.undeleted_count - 1))
+            world.participants[sidecar] = participant.send_started()
+            world.in_flight.append(
+                Send(sidecar, world.next_send_id, partition, participant.generation)
+            )
+            world.next_send_id += 1
+        elif move == "see_barrier":
+            assert world.barrier is not None
+            world.participants[sidecar] = participant.barrier_published(world.barrier)
+        elif move == "see_release":
+            world.participants[sidecar] = participant.metadata_reloaded(world.log.current, None)
+        elif move == "ack":
+            world.participants[sidecar], world.acks[sidecar] = participant.barrier_ack()
+        elif move == "resolve":
+            # Look for the uncertain sends in the log. One not found is abandoned: the
+            # service makes sure it can no longer land before it reports it absent.
+            for send_id in sorted(participant.uncertain):
+                participant = participant.uncertain_resolved(
+                    send_id, world.ghost_offsets.get(send_id)
+                )
+                world.ghosts = [g for g in world.ghosts if g.send_id != send_id]
+            world.participants[sidecar] = participant
+        elif move == "suspend":
+            world.participants[sidecar] = participant.session_changed(SessionState.SUSPENDED)
+        elif move == "expire":
+            # A session times out long after a request does (and after the replica lag
+            # limit): every record already appended is committed or truncated by now.
+            for partition, records in enumerate(world.partitions):
+                world.acknowledged_end[partition] = len(records)
+            world.live.discard(sidecar)
+            world.acks.pop(sidecar, None)
+            world.participants[sidecar] = participant.session_changed(SessionState.LOST)
+        elif move == "reconnect":
+            world.live.add(sidecar)
+            world.participants[sidecar] = participant.session_changed(
+                SessionState.CONNECTED
+            ).metadata_reloaded(world.log.current, world.barrier)
+        return
+    if move in ("land", "fail", "ghost_lands"):
+        assert isinstance(arg, int)
+        if move == "ghost_lands":
+            ghost = world.ghosts.pop(arg)
+            world.ghost_offsets[ghost.send_id] = (
+                ghost.partition,
+                world.append(ghost.partition, ghost.generation, acknowledged=False),
+            )
+            return
+        send = world.in_flight.pop(arg)
+        participant = world.participants[send.sidecar]
+        if move == "land":
+            offset = world.append(send.partition, send.generation, acknowledged=True)
+            world.participants[send.sidecar] = participant.send_acknowledged(send.partition, offset)
+        else:
+            world.participants[send.sidecar] = participant.send_failed(
+                send.send_id, maybe_appended=True
+            )
+            world.ghosts.append(send)
+    elif move == "tick":
+        world.now += 1.0
+    elif move == "start_change":
+        current = world.log.current.undeleted_count
+        target = data.draw(st.integers(world.log.initial_count, 9).filter(lambda c: c != current))
+        world.operation, actions = plan_change(
+            kind=OperationKind.EXPAND if target > current else OperationKind.SHRINK,
+            log=world.log,
+            physical_count=len(world.partitions),
+            topic="t",
+            target_count=target,
+            coordinator=A,
+            now=world.now,
+            barrier_timeout=data.draw(st.sampled_from([3.0, 30.0])),
+        )
+        run(world, actions, data)
+    elif move == "coordinate":
+        coordinate(world, data)
+
+
+def coordinate(world: World, data: st.DataObject) -> None:
+    operation = world.operation
+    assert operation is not None
+    if operation.phase is Phase.BARRIER:
+        progress = BarrierProgress(frozenset(world.live), dict(world.acks), world.now)
+        world.operation, actions = step(operation, progress)
+        run(world, actions, data)
+
+
+def run(world: World, actions: list[object], data: st.DataObject) -> None:
+    """Execute coordinator actions against the in-memory store, feeding results back."""
+    for action in actions:
+        operation = world.operation
+        assert operation is not None
+        observation: object
+        if isinstance(action, CreatePartitions):
+            while len(world.partitions) < action.total_count:
+                world.partitions.append([])
+            observation = PartitionsCreated(len(world.partitions))
+        elif isinstance(action, PublishBarrier):
+            world.barrier = action.pending_generation
+            world.acks = {}
+            continue
+        elif isinstance(action, ReadHighWatermarks):
+            # The high watermark may trail the log end, but never an acknowledged record
+            # (acks=all; a new leader answers OFFSET_NOT_AVAILABLE until it caught up).
+            ends = [
+                data.draw(st.integers(world.acknowledged_end[p], len(records)))
+                for p, records in enumerate(world.partitions)
+            ]
+
+            observation = HighWatermarks(ends, [None] * len(ends))
+        elif isinstance(action, CommitGeneration):
+            world.log = world.log.append(action.generation)
+            world.barrier = None
+            observation = Committed()
+        elif isinstance(action, RemoveBarrier):
+            world.barrier = None
+            observation = RolledBack()
+        else:
+            raise AssertionError(action)
+        world.operation, more = step(operation, observation)  # type: ignore[arg-type]
+        if world.operation.phase in (Phase.DONE, Phase.ROLLED_BACK):
+            world.changes_done += world.operation.phase is Phase.DONE
+            world.operation = None
+        run(world, list(more), data)
+        return
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), sidecars=st.integers(1, 3), initial=st.integers(1, 3))
+def test_no_record_is_written_across_a_barrier(
+    data: st.DataObject, sidecars: int, initial: int
+) -> None:
+    log = GenerationLog.start(initial)
+    names = [SidecarId(f"s{i}") for i in range(sidecars)]
+    world = World(
+        log=log,
+        participants={n: Participant(0, initial) for n in names},
+        live=set(names),
+        partitions=[[] for _ in range(initial)],
+    )
+    for _ in range(data.draw(st.integers(0, 120))):
+        move, arg = data.draw(st.sampled_from(world.moves()))
+        apply(world, move, arg, data)
+    for partition, headers in enumerate(world.partitions):
+        for offset, generation in enumerate(headers):
+            assert world.log.generation_of(partition, offset) == generation, (
+                f"record {partition}@{offset} of generation {generation} is on the wrong "
+                f"side of a boundary: {world.log} {world.partitions}"
+            )
+            assert partition < world.log[generation].undeleted_count
