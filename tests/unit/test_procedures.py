@@ -26,6 +26,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.generations import GenerationLog
 from sidecar.core.procedures import (
+    Action,
     Admission,
     BarrierProgress,
     CommitGeneration,
@@ -33,6 +34,7 @@ from sidecar.core.procedures import (
     CreatePartitions,
     Failed,
     HighWatermarks,
+    Observation,
     Operation,
     OperationKind,
     Participant,
@@ -405,12 +407,12 @@ def coordinate(world: World, data: st.DataObject) -> None:
         run(world, actions, data)
 
 
-def run(world: World, actions: list[object], data: st.DataObject) -> None:
+def run(world: World, actions: list[Action], data: st.DataObject) -> None:
     """Execute coordinator actions against the in-memory store, feeding results back."""
     for action in actions:
         operation = world.operation
         assert operation is not None
-        observation: object
+        observation: Observation
         if isinstance(action, CreatePartitions):
             while len(world.partitions) < action.total_count:
                 world.partitions.append([])
@@ -437,11 +439,11 @@ def run(world: World, actions: list[object], data: st.DataObject) -> None:
             observation = RolledBack()
         else:
             raise AssertionError(action)
-        world.operation, more = step(operation, observation)  # type: ignore[arg-type]
+        world.operation, more = step(operation, observation)
         if world.operation.phase in (Phase.DONE, Phase.ROLLED_BACK):
             world.changes_done += world.operation.phase is Phase.DONE
             world.operation = None
-        run(world, list(more), data)
+        run(world, more, data)
         return
 
 
