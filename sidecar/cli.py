@@ -1,0 +1,29 @@
+"""Command-line entry point: `sidecar <command>`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sidecar", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    from sidecar import demo
+    from sidecar.devcluster import cli as devcluster_cli
+
+    demo.add_parser(subparsers)
+    devcluster_cli.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = args.handler
+    result: int = handler(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

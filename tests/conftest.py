@@ -1,0 +1,29 @@
+"""Session fixtures shared by every test.
+
+The ``cluster`` fixture starts one real cluster for the whole run (see
+``sidecar.devcluster.provider`` for which one). Tests under ``tests/integration`` are
+marked ``integration`` automatically; they fail, never skip, when the cluster is down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.devcluster.provider import ClusterEndpoints, provide_cluster
+
+_INTEGRATION_DIR = Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _INTEGRATION_DIR in Path(item.path).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ClusterEndpoints]:
+    with provide_cluster() as endpoints:
+        yield endpoints
