@@ -1,0 +1,1 @@
+"""The sidecar's HTTP surface (aiohttp): request codecs and the one error mapping."""
