@@ -1,0 +1,191 @@
+"""The sidecar's one configuration object.
+
+Loaded once at start from an optional TOML file, then environment variables
+``ORDERED_SIDECAR__<SECTION>__<KEY>`` (environment wins), validated, and frozen.
+Secrets (the admin token, Kafka passwords) are redacted in ``repr``.
+
+Example file::
+
+    [kafka]
+    bootstrap_servers = "127.0.0.1:9092"
+    [kafka.client]            # passed through to aiokafka (security settings, ...)
+    security_protocol = "SASL_SSL"
+    [zookeeper]
+    hosts = "127.0.0.1:2181"
+    root = "/ordered"
+    [http]
+    port = 8082
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "ORDERED_SIDECAR__"
+_SECRET_WORDS = ("password", "secret", "token", "key")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid: a value of the wrong type or out of range."""
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    client_id: str = "ordered-sidecar"
+    request_timeout_ms: int = 30_000
+    client: Mapping[str, str | int | bool] = field(default_factory=dict)
+    """Extra aiokafka client settings (security_protocol, sasl_*, ssl...), passed through."""
+
+    def __repr__(self) -> str:
+        return (
+            f"KafkaSettings(bootstrap_servers={self.bootstrap_servers!r}, "
+            f"client_id={self.client_id!r}, client={_redacted(self.client)!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ZooKeeperSettings:
+    hosts: str = "127.0.0.1:2181"
+    root: str = "/ordered"
+    session_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    host: str = "127.0.0.1"
+    port: int = 8082
+    max_body_bytes: int = 8 * 1024 * 1024
+    admin_enabled: bool = False
+    admin_token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceSettings:
+    hold_timeout_s: float = 30.0
+    """How long a produce may wait for a barrier or a ZooKeeper reconnect before 503."""
+    barrier_timeout_s: float = 20.0
+    """How long a coordinator waits for every live sidecar to ack before rolling back."""
+    tombstone_cache_size: int = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    sidecar_id: str
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    zookeeper: ZooKeeperSettings = field(default_factory=ZooKeeperSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    produce: ProduceSettings = field(default_factory=ProduceSettings)
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "kafka": KafkaSettings,
+    "zookeeper": ZooKeeperSettings,
+    "http": HttpSettings,
+    "produce": ProduceSettings,
+}
+
+
+def default_sidecar_id() -> str:
+    """Host name plus a short random suffix: unique per process, readable in ZooKeeper."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Build the settings from ``path`` (TOML, optional) and the environment.
+
+    Raises ConfigError for an unknown section or key, or a value of the wrong type.
+    """
+    environ = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with path.open("rb") as handle:
+                raw = tomllib.load(handle)
+        except OSError as exc:
+            raise ConfigError(f"cannot read configuration file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from exc
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        target = raw
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = value
+    settings = Settings(sidecar_id=str(raw.pop("sidecar_id", "") or default_sidecar_id()))
+    for section, values in raw.items():
+        if section not in _SECTIONS:
+            raise ConfigError(f"unknown configuration section {section!r}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"section {section!r} must be a table")
+        built = _build_section(_SECTIONS[section], section, values)
+        _validate(section, built)
+        settings = replace(settings, **{section: built})
+    return settings
+
+
+def _build_section(cls: type[Any], section: str, values: dict[str, Any]) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    defaults = cls()
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown setting {section}.{key}")
+        if key == "client":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{section}.client must be a table of client settings")
+            kwargs[key] = dict(value)
+            continue
+        expected = type(getattr(defaults, key))
+        kwargs[key] = _coerce(f"{section}.{key}", value, expected)
+    return cls(**kwargs)
+
+
+def _coerce(name: str, value: Any, expected: type[Any]) -> Any:
+    # Environment values arrive as strings; TOML values already have their types.
+    try:
+        if expected is bool and isinstance(value, str):
+            lowered = value.strip().lower()
+            if lowered not in {"true", "false", "1", "0", "yes", "no"}:
+                raise ValueError(value)
+            return lowered in {"true", "1", "yes"}
+        if isinstance(value, str):
+            return expected(value.strip())
+        # TOML values already carry a type: accept only the expected one (an int where a
+        # float is expected), never a silent conversion such as 1.5 -> 1 or true -> 1.
+        if isinstance(value, bool) != (expected is bool):
+            raise ValueError(value)
+        if isinstance(value, expected) or (expected is float and isinstance(value, int)):
+            return expected(value)
+        raise ValueError(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name} must be a {expected.__name__}, got {value!r}") from exc
+
+
+def _redacted(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        key: "***" if any(word in key.lower() for word in _SECRET_WORDS) else value
+        for key, value in values.items()
+    }
+
+
+def _validate(section: str, values: Any) -> None:
+    if section == "http" and not 0 <= values.port <= 65535:
+        raise ConfigError(f"http.port must be between 0 and 65535, got {values.port}")
+    if section == "http" and values.admin_enabled and not values.admin_token:
+        raise ConfigError(
+            "http.admin_enabled needs http.admin_token (the admin API is token-protected)"
+        )
+    if section == "zookeeper" and not values.root.startswith("/"):
+        raise ConfigError(f"zookeeper.root must be an absolute path, got {values.root!r}")
+    if section == "zookeeper" and values.session_timeout_s <= 0:
+        raise ConfigError("zookeeper.session_timeout_s must be positive")

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import ConfigError, load_settings
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sidecar.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_bind_loopback_and_disable_admin() -> None:
+    settings = load_settings(environ={})
+    assert settings.http.host == "127.0.0.1"
+    assert settings.http.admin_enabled is False
+    assert settings.zookeeper.root == "/ordered"
+    assert settings.sidecar_id
+
+
+def test_environment_overrides_the_file(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        'sidecar_id = "a"\n[kafka]\nbootstrap_servers = "file:9092"\n[http]\nport = 9000\n',
+    )
+    settings = load_settings(
+        path,
+        environ={
+            "ORDERED_SIDECAR__KAFKA__BOOTSTRAP_SERVERS": "env:9092",
+            "ORDERED_SIDECAR__ZOOKEEPER__SESSION_TIMEOUT_S": "6.5",
+            "ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "yes",
+            "ORDERED_SIDECAR__HTTP__ADMIN_TOKEN": "t0ken",
+            "ORDERED_SIDECAR__KAFKA__CLIENT__SASL_PLAIN_PASSWORD": "hunter2",
+            "UNRELATED": "x",
+        },
+    )
+    assert settings.sidecar_id == "a"
+    assert settings.kafka.bootstrap_servers == "env:9092"
+    assert settings.http.port == 9000
+    assert settings.zookeeper.session_timeout_s == 6.5
+    assert settings.http.admin_enabled is True
+    assert settings.kafka.client == {"sasl_plain_password": "hunter2"}
+    assert "hunter2" not in repr(settings)
+    assert "t0ken" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "message"),
+    [
+        ("[nope]\nx = 1\n", {}, "unknown configuration section 'nope'"),
+        ("[http]\nprot = 1\n", {}, "unknown setting http.prot"),
+        ("[http]\nport = 1.5\n", {}, "http.port must be a int"),
+        ("[http]\nport = true\n", {}, "http.port must be a int"),
+        ("", {"ORDERED_SIDECAR__HTTP__PORT": "eighty"}, "http.port must be a int"),
+        ("", {"ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "maybe"}, "http.admin_enabled must be"),
+        ("[http]\nport = 70000\n", {}, "between 0 and 65535"),
+        ("[http]\nadmin_enabled = true\n", {}, "needs http.admin_token"),
+        ('[zookeeper]\nroot = "ordered"\n', {}, "absolute path"),
+        ("[kafka]\nclient = 3\n", {}, "kafka.client must be a table"),
+        ("[http\n", {}, "not valid TOML"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_setting_named(
+    tmp_path: Path, text: str, environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_settings(_write(tmp_path, text), environ=environ)
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "absent.toml", environ={})
