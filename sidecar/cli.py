@@ -9,9 +9,10 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sidecar", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    from sidecar import demo
+    from sidecar import admin_cli, demo
     from sidecar.devcluster import cli as devcluster_cli
 
+    admin_cli.add_parsers(subparsers)
     demo.add_parser(subparsers)
     devcluster_cli.add_parser(subparsers)
     return parser

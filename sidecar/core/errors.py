@@ -44,6 +44,14 @@ class InvalidRecord(SidecarError):
     default_message = "invalid record"
 
 
+class IdempotencyKeyReused(SidecarError):
+    """An idempotency key sent again with a different request (a client bug, not a retry)."""
+
+    http_status = 422
+    error_code = 42202
+    default_message = "idempotency key reused with a different request"
+
+
 class UnsupportedMediaType(SidecarError):
     http_status = 415
     error_code = 41501
@@ -131,6 +139,18 @@ class OperationInProgress(SidecarError):
     error_code = 40920
     retriable = True
     default_message = "another partition-count change is in progress for this topic"
+
+
+class ChangeRolledBack(SidecarError):
+    """A partition-count change was rolled back (barrier timeout, CreatePartitions failure).
+
+    Nothing changed; the same request may be sent again.
+    """
+
+    http_status = 409
+    error_code = 40930
+    retriable = True
+    default_message = "the partition-count change was rolled back"
 
 
 class InvalidPartitionCount(SidecarError):

@@ -59,7 +59,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, NoReturn, TypeAlias, TypedDict, TypeVar
+from typing import Final, NoReturn, NotRequired, TypeAlias, TypedDict, TypeVar
 
 from sidecar.core.errors import (
     BadRequest,
@@ -169,8 +169,8 @@ class ProduceResponseBody(TypedDict):
     key_schema_id: None
     value_schema_id: None
     offsets: list[OffsetEntry]
-    generation: int
-    partition_count: int
+    generation: NotRequired[int]
+    partition_count: NotRequired[int]
 
 
 # Request ---------------------------------------------------------------------------------
@@ -464,20 +464,26 @@ def _json_type(value: object) -> str:
 
 
 def produce_response_body(
-    results: Sequence[ProduceResult], *, generation: int, partition_count: int
+    results: Sequence[ProduceResult], *, generation: int | None, partition_count: int | None
 ) -> ProduceResponseBody:
-    """The REST Proxy v2 produce response for ``results`` (in request order)."""
-    return {
+    """The REST Proxy v2 produce response for ``results`` (in request order).
+
+    ``generation`` and ``partition_count`` are left out for an unmanaged topic (None).
+    """
+    body: ProduceResponseBody = {
         "key_schema_id": None,
         "value_schema_id": None,
         "offsets": [_offset_entry(result) for result in results],
-        "generation": generation,
-        "partition_count": partition_count,
     }
+    if generation is not None:
+        body["generation"] = generation
+    if partition_count is not None:
+        body["partition_count"] = partition_count
+    return body
 
 
 def encode_produce_response(
-    results: Sequence[ProduceResult], *, generation: int, partition_count: int
+    results: Sequence[ProduceResult], *, generation: int | None, partition_count: int | None
 ) -> bytes:
     """``produce_response_body`` as UTF-8 JSON, to send as ``V2_RESPONSE_CONTENT_TYPE``."""
     body = produce_response_body(results, generation=generation, partition_count=partition_count)

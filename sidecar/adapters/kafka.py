@@ -1,0 +1,574 @@
+"""Everything the sidecar asks of Kafka: one asyncio adapter over aiokafka.
+
+Three long-lived clients: an idempotent producer (``acks="all"``, so a retry neither
+duplicates nor reorders a record within a partition), an admin client, and a consumer
+without a group, used for offset queries and to read back a send whose outcome is
+unknown. aiokafka errors come out as the ``sidecar.core.errors`` hierarchy; a send that
+fails comes out as ``SendFailed``, which says whether the record may have been appended.
+
+Metadata of one topic is read with ``allow_auto_topic_creation=False``: aiokafka's own
+metadata requests ask for auto-creation (``protocol/metadata.py``, ``MetadataRequest``
+defaults it to True), so on a broker with ``auto.create.topics.enable`` merely asking
+about a topic would create it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
+from aiokafka.errors import (
+    BrokerResponseError,
+    InvalidPartitionsError,
+    KafkaError,
+    KafkaTimeoutError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+    for_code,
+)
+from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.metadata import MetadataRequest
+
+from sidecar.config import KafkaSettings
+from sidecar.core.errors import (
+    InvalidPartitionCount,
+    KafkaFailure,
+    KafkaUnavailable,
+    ShuttingDown,
+    SidecarError,
+    UnknownPartition,
+    UnknownTopic,
+)
+from sidecar.core.placement import SEQUENCE_HEADER, SIDECAR_HEADER
+
+_log = logging.getLogger(__name__)
+
+Header = tuple[str, bytes | None]
+
+# Settings every aiokafka client accepts (they configure AIOKafkaClient's connections);
+# any other key of ``kafka.client`` tunes the producer only.
+_CONNECTION_KEYS = frozenset(
+    {
+        "security_protocol",
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password",
+        "sasl_kerberos_service_name",
+        "sasl_kerberos_domain_name",
+        "connections_max_idle_ms",
+        "retry_backoff_ms",
+        "metadata_max_age_ms",
+    }
+)
+# aiokafka wants an SSLContext, which a TOML file cannot hold: these build one.
+_SSL_KEYS = {
+    "ssl_cafile": "cafile",
+    "ssl_certfile": "certfile",
+    "ssl_keyfile": "keyfile",
+    "ssl_password": "password",
+}
+_RETRY_BACKOFF_S = 0.1
+_UNKNOWN_TOPIC_ERRNO = UnknownTopicOrPartitionError.errno
+
+
+@dataclass(frozen=True, slots=True)
+class SentRecord:
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingKafkaRecord:
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    """None is a tombstone."""
+    headers: Sequence[Header]
+
+
+class SendFailed(Exception):
+    """A send known to have failed (``maybe_appended`` False) or whose outcome is unknown.
+
+    ``maybe_appended`` is True when the request may have reached the broker (a timeout,
+    a lost connection): the record may still be appended, later, in order.
+    """
+
+    def __init__(self, message: str, *, maybe_appended: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.maybe_appended = maybe_appended
+
+
+class TopicExists(Exception):
+    """create_topic found the topic already there."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Clients:
+    producer: Any
+    admin: Any
+    consumer: Any
+
+
+class KafkaGateway:
+    """The sidecar's one connection to Kafka. ``start`` before use, ``stop`` at the end."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self._settings = settings
+        self._timeout_s = settings.request_timeout_ms / 1000
+        self._clients: _Clients | None = None
+        self._stopped = False
+        # Reading back a record moves the shared consumer's assignment: one at a time.
+        self._reader_lock = asyncio.Lock()
+
+    # Life cycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect all clients. Raises KafkaUnavailable if the cluster does not answer
+        within the request timeout."""
+        common, producer_extra = self._client_settings()
+        producer = AIOKafkaProducer(**common, **producer_extra, acks="all", enable_idempotence=True)
+        admin = AIOKafkaAdminClient(**common)
+        consumer = AIOKafkaConsumer(
+            **common,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_uncommitted",
+        )
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await producer.start()
+                await admin.start()
+                await consumer.start()
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await _close_all(producer, admin, consumer)
+            reason = str(exc) or f"no answer within {self._timeout_s:g} s"
+            raise KafkaUnavailable(
+                f"cannot reach Kafka at {self._settings.bootstrap_servers}: {reason}"
+            ) from exc
+        self._clients = _Clients(producer, admin, consumer)
+
+    async def stop(self) -> None:
+        """Deliver what is queued (for up to the request timeout), then close everything."""
+        self._stopped = True
+        clients, self._clients = self._clients, None
+        if clients is None:
+            return
+        try:
+            # The idempotent producer retries forever, so its stop() (which flushes)
+            # could wait forever for an unreachable cluster.
+            await asyncio.wait_for(clients.producer.stop(), self._timeout_s)
+        except (KafkaError, TimeoutError) as exc:
+            _log.warning("Kafka producer did not stop cleanly, records may be lost: %s", exc)
+        await _close_all(clients.admin, clients.consumer)
+
+    # Producing ----------------------------------------------------------------------------
+
+    async def send(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+    ) -> SentRecord:
+        """Append one record to ``partition`` (``value`` None: a tombstone).
+
+        Raises UnknownTopic, UnknownPartition (not in metadata within the request
+        timeout), SendFailed.
+        """
+        await self._await_partition(topic, partition)
+        record = OutgoingKafkaRecord(partition, key, value, headers)
+        outcome = await self._delivered(await self._enqueue(topic, record))
+        if isinstance(outcome, SendFailed):
+            raise outcome
+        return outcome
+
+    async def send_batch(
+        self, topic: str, records: Sequence[OutgoingKafkaRecord]
+    ) -> list[SentRecord | SendFailed]:
+        """Send ``records`` in order and wait for all of them; one outcome per record.
+
+        Never raises for a record: a topic or partition missing from metadata fails
+        every record with ``maybe_appended`` False.
+        """
+        if not records:
+            return []
+        try:
+            await self._await_partition(topic, max(record.partition for record in records))
+        except SidecarError as exc:
+            return [SendFailed(exc.message, maybe_appended=False) for _ in records]
+        # Enqueued one after the other, so the accumulator keeps the request's order.
+        deliveries = [await self._enqueue(topic, record) for record in records]
+        return list(await asyncio.gather(*(self._delivered(d) for d in deliveries)))
+
+    async def flush(self) -> None:
+        """Wait until every queued record has been delivered or refused.
+
+        With idempotence aiokafka retries a batch for as long as its error is
+        retriable, even after the record's future timed out: a send reported as
+        ``maybe_appended`` may still land. Once flush returns, it no longer can.
+        """
+        await self._require().producer.flush()
+
+    # ``timeout`` bounds a polling loop over shared metadata; nothing to cancel.
+    async def wait_for_partition_count(
+        self,
+        topic: str,
+        count: int,
+        timeout: float,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until the producer's metadata shows at least ``count`` partitions.
+
+        Raises KafkaUnavailable on timeout.
+        """
+        client = self._require().producer.client
+        client.add_topic(topic)
+        deadline = time.monotonic() + timeout
+        while len(client.cluster.partitions_for_topic(topic) or ()) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KafkaUnavailable(
+                    f"the producer's metadata does not show {count} partitions of {topic}"
+                )
+            await _refresh(client, remaining)
+
+    async def _await_partition(self, topic: str, partition: int) -> None:
+        client = self._require().producer.client
+        if client.cluster.partitions_for_topic(topic) is None:
+            # Asked here first: the producer's metadata request could auto-create it.
+            await self.partition_count(topic)
+            client.add_topic(topic)
+        try:
+            await self.wait_for_partition_count(topic, partition + 1, self._timeout_s)
+        except KafkaUnavailable as exc:
+            raise UnknownPartition(f"partition {partition} of {topic} does not exist") from exc
+
+    async def _enqueue(
+        self, topic: str, record: OutgoingKafkaRecord
+    ) -> asyncio.Future[Any] | SendFailed:
+        if record.key is None and record.value is None:
+            return SendFailed("a tombstone needs a key", maybe_appended=False)
+        try:
+            return await self._require().producer.send(  # type: ignore[no-any-return]
+                topic,
+                value=record.value,
+                key=record.key,
+                partition=record.partition,
+                headers=list(record.headers),
+            )
+        except KafkaError as exc:
+            # send() raises before the record is queued (too large for max_request_size,
+            # buffer full, producer closed): it can never be appended.
+            return SendFailed(str(exc), maybe_appended=False)
+
+    async def _delivered(
+        self, delivery: asyncio.Future[Any] | SendFailed
+    ) -> SentRecord | SendFailed:
+        if isinstance(delivery, SendFailed):
+            return delivery
+        # asyncio.wait, not wait_for: cancelling the future would not stop the send.
+        done, _ = await asyncio.wait({delivery}, timeout=self._timeout_s)
+        if not done:
+            delivery.add_done_callback(_discard_outcome)
+            return SendFailed(
+                f"no acknowledgement within {self._timeout_s:g} s", maybe_appended=True
+            )
+        exc = delivery.exception()
+        if exc is None:
+            metadata = delivery.result()
+            return SentRecord(int(metadata.partition), int(metadata.offset))
+        # What reaches the future (aiokafka 0.14 producer/sender.py,
+        # SendProduceReqHandler.handle_response and _can_retry): with idempotence a
+        # batch is retried while its error is `retriable`, so a BrokerResponseError
+        # with retriable=False (MessageSizeTooLarge, RecordListTooLarge,
+        # TopicAuthorizationFailed, InvalidRequiredAcks, UnknownError for codes
+        # aiokafka lacks, ...) is the broker refusing the batch. Anything else (a batch
+        # expired without a leader in message_accumulator.drain_by_nodes, a connection
+        # error) may follow an attempt that reached the broker.
+        refused = isinstance(exc, BrokerResponseError) and not exc.retriable
+        return SendFailed(str(exc), maybe_appended=not refused)
+
+    # Topics -------------------------------------------------------------------------------
+
+    async def topic_exists(self, topic: str) -> bool:
+        """Raises KafkaUnavailable, KafkaFailure."""
+        return await self._partition_count_or_none(topic) is not None
+
+    async def partition_count(self, topic: str) -> int:
+        """Raises UnknownTopic, KafkaUnavailable, KafkaFailure."""
+        count = await self._partition_count_or_none(topic)
+        if count is None:
+            raise UnknownTopic(f"topic {topic} does not exist")
+        return count
+
+    async def create_topic(
+        self, topic: str, partitions: int, replication_factor: int, *, compacted: bool
+    ) -> None:
+        """Create ``topic`` and wait until metadata shows it.
+
+        Raises TopicExists, InvalidPartitionCount, KafkaUnavailable, KafkaFailure.
+        """
+        configs = {"cleanup.policy": "compact"} if compacted else {}
+        new_topic = NewTopic(topic, partitions, replication_factor, topic_configs=configs)
+        # Not retried: a retry after a timeout could report our own topic as existing.
+        try:
+            response = await self._require().admin.create_topics([new_topic])
+        except KafkaError as exc:
+            raise _translated(exc, f"creating topic {topic}") from exc
+        for name, code, *rest in response.topic_errors:
+            if code == TopicAlreadyExistsError.errno:
+                raise TopicExists(f"topic {name} already exists")
+            if code == InvalidPartitionsError.errno:
+                raise InvalidPartitionCount(f"cannot create {topic}: {rest[0] if rest else ''}")
+            if code:
+                error = _error_for_code(code, rest[0] if rest else "")
+                raise _translated(error, f"creating topic {topic}") from error
+        deadline = time.monotonic() + self._timeout_s
+        while await self._partition_count_or_none(topic) is None:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"topic {topic} was created but metadata does not show it")
+            await asyncio.sleep(_RETRY_BACKOFF_S)
+
+    async def create_partitions(self, topic: str, total_count: int) -> int:
+        """Make ``topic`` have at least ``total_count`` partitions; returns the count now.
+
+        Idempotent: a topic already that large is left alone. Raises UnknownTopic,
+        InvalidPartitionCount, KafkaUnavailable, KafkaFailure.
+        """
+        current = await self.partition_count(topic)
+        if current >= total_count:
+            return current
+        request = {topic: NewPartitions(total_count=total_count)}
+        try:
+            await self._require().admin.create_partitions(request)
+        except InvalidPartitionsError as exc:
+            # Someone else may have grown it between our read and our request.
+            current = await self.partition_count(topic)
+            if current >= total_count:
+                return current
+            raise InvalidPartitionCount(str(exc)) from exc
+        except UnknownTopicOrPartitionError as exc:
+            raise UnknownTopic(f"topic {topic} does not exist") from exc
+        except KafkaError as exc:
+            raise _translated(exc, f"creating partitions of {topic}") from exc
+        return total_count
+
+    async def _partition_count_or_none(self, topic: str) -> int | None:
+        client = self._require().producer.client
+        request = MetadataRequest([topic], allow_auto_topic_creation=False)
+
+        async def ask() -> Any:
+            node = client.get_random_node()
+            if node is None:
+                raise KafkaUnavailable("no broker known")
+            return await client.send(node, request)
+
+        response = await self._retrying(ask, f"reading metadata of {topic}")
+        for error_code, name, *_, partitions in response.topics:
+            if name != topic:
+                continue
+            if error_code == _UNKNOWN_TOPIC_ERRNO:
+                return None
+            if error_code:
+                error = _error_for_code(error_code, f"metadata of {topic}")
+                raise _translated(error, f"reading metadata of {topic}") from error
+            return len(partitions)
+        return None
+
+    # Offsets ------------------------------------------------------------------------------
+
+    async def end_offsets(self, topic: str, count: int) -> list[int]:
+        """High watermarks of partitions 0..count-1 (read_uncommitted).
+
+        Raises KafkaUnavailable (also when a partition does not exist), KafkaFailure.
+        """
+        partitions = _partitions(topic, count)
+        offsets = await self._retrying(
+            lambda: self._require().consumer.end_offsets(partitions), f"end offsets of {topic}"
+        )
+        return [int(offsets[tp]) for tp in partitions]
+
+    async def log_start_offsets(self, topic: str, count: int) -> list[int]:
+        """Low watermarks of partitions 0..count-1. Raises like end_offsets."""
+        partitions = _partitions(topic, count)
+        offsets = await self._retrying(
+            lambda: self._require().consumer.beginning_offsets(partitions),
+            f"log start offsets of {topic}",
+        )
+        return [int(offsets[tp]) for tp in partitions]
+
+    async def leader_epochs(self, topic: str, count: int) -> list[int | None]:
+        """Leader epoch of each partition, None where unknown: with aiokafka 0.14 always.
+
+        aiokafka negotiates Metadata up to v5 and ListOffsets up to v3
+        (protocol/metadata.py, protocol/offset.py: "Not yet supported" for v4+);
+        leader epochs appear only in Metadata v7 and ListOffsets v4, and
+        OffsetForLeaderEpoch is not implemented. ``structs.PartitionMetadata`` has no
+        epoch ("TODO add leaderEpoch").
+        """
+        return [None] * count
+
+    async def delete_records(self, topic: str, before: Mapping[int, int]) -> dict[int, int]:
+        """Delete records below ``before[p]`` in each partition; returns the new low
+        watermarks. Raises UnknownPartition, KafkaUnavailable, KafkaFailure (an offset
+        past the high watermark)."""
+        request = {
+            TopicPartition(topic, partition): RecordsToDelete(before_offset=offset)
+            for partition, offset in before.items()
+        }
+        try:
+            low = await self._require().admin.delete_records(request)
+        except UnknownTopicOrPartitionError as exc:
+            raise UnknownPartition(f"a partition of {topic} does not exist") from exc
+        except KafkaError as exc:
+            raise _translated(exc, f"deleting records of {topic}") from exc
+        return {tp.partition: int(offset) for tp, offset in low.items()}
+
+    async def committed_offsets(self, group: str, topic: str, count: int) -> dict[int, int]:
+        """The offsets ``group`` committed in partitions 0..count-1; partitions without
+        a commit are absent. Raises KafkaUnavailable, KafkaFailure."""
+        partitions = _partitions(topic, count)
+        # aiokafka ignores the response's top-level error code (admin/client.py,
+        # list_consumer_group_offsets), so a loading coordinator can answer with
+        # nothing: absent means "not known to be consumed", which is the safe reading.
+        offsets = await self._retrying(
+            lambda: self._require().admin.list_consumer_group_offsets(group, partitions=partitions),
+            f"committed offsets of group {group}",
+        )
+        return {
+            tp.partition: int(meta.offset)
+            for tp, meta in offsets.items()
+            if tp.topic == topic and meta.offset >= 0
+        }
+
+    async def find_sent(
+        self, topic: str, partition: int, start: int, sidecar_id: str, sequence: int
+    ) -> int | None:
+        """Offset of the record this sidecar sent with ``sequence``, searched from
+        ``start`` to the current high watermark; None if it is not there.
+
+        Raises KafkaUnavailable (not read within the request timeout), KafkaFailure.
+        """
+        wanted = {(SIDECAR_HEADER, sidecar_id.encode()), (SEQUENCE_HEADER, str(sequence).encode())}
+        tp = TopicPartition(topic, partition)
+        consumer = self._require().consumer
+        async with self._reader_lock:
+            ends = await self._retrying(
+                lambda: consumer.end_offsets([tp]), f"end offset of {topic}[{partition}]"
+            )
+            end = int(ends[tp])
+            if start >= end:
+                return None
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    while await consumer.position(tp) < end:
+                        batch = await consumer.getmany(tp, timeout_ms=1000)
+                        for record in batch.get(tp, []):
+                            if record.offset >= end:
+                                return None
+                            if wanted <= set(record.headers):
+                                return int(record.offset)
+            except TimeoutError as exc:
+                raise KafkaUnavailable(f"reading back {topic}[{partition}] timed out") from exc
+            except KafkaError as exc:
+                raise _translated(exc, f"reading back {topic}[{partition}]") from exc
+            finally:
+                consumer.unsubscribe()
+        return None
+
+    # Helpers ------------------------------------------------------------------------------
+
+    def _require(self) -> _Clients:
+        if self._clients is None:
+            if self._stopped:
+                raise ShuttingDown("the Kafka connection is closed")
+            raise KafkaUnavailable("the Kafka connection is not started")
+        return self._clients
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
+        """Run a read-only request, retrying retriable errors until the request timeout."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                return await call()
+            except KafkaError as exc:
+                if not (exc.retriable or isinstance(exc, KafkaTimeoutError)):
+                    raise _translated(exc, what) from exc
+                if time.monotonic() + _RETRY_BACKOFF_S > deadline:
+                    raise KafkaUnavailable(f"{what}: {exc}") from exc
+            await asyncio.sleep(_RETRY_BACKOFF_S)
+
+    def _client_settings(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(settings for every client, extra settings for the producer only)."""
+        common: dict[str, Any] = {
+            "bootstrap_servers": self._settings.bootstrap_servers,
+            "client_id": self._settings.client_id,
+            "request_timeout_ms": self._settings.request_timeout_ms,
+        }
+        producer: dict[str, Any] = {}
+        ssl: dict[str, Any] = {}
+        for name, value in self._settings.client.items():
+            if name in _SSL_KEYS:
+                ssl[_SSL_KEYS[name]] = value
+            elif name in _CONNECTION_KEYS:
+                common[name] = value
+            elif name in ("acks", "enable_idempotence"):
+                # Ordering across retries depends on both; they are not settings.
+                _log.warning("ignoring kafka.client.%s: the sidecar needs its own value", name)
+            else:
+                producer[name] = value
+        if ssl:
+            common["ssl_context"] = create_ssl_context(**ssl)
+        return common, producer
+
+
+def _partitions(topic: str, count: int) -> list[Any]:
+    return [TopicPartition(topic, partition) for partition in range(count)]
+
+
+async def _refresh(client: Any, within: float) -> None:
+    # force_metadata_update returns a shielded future: giving up does not cancel the
+    # update, which other waiters may share.
+    try:
+        await asyncio.wait_for(client.force_metadata_update(), within)
+    except TimeoutError:
+        return
+    await asyncio.sleep(_RETRY_BACKOFF_S)
+
+
+def _discard_outcome(delivery: asyncio.Future[Any]) -> None:
+    # Nobody awaits a delivery we gave up on; retrieve its exception so asyncio does
+    # not log "exception was never retrieved".
+    if not delivery.cancelled():
+        delivery.exception()
+
+
+def _error_for_code(code: int, message: str) -> KafkaError:
+    return for_code(code)(message)
+
+
+def _translated(exc: KafkaError, what: str) -> SidecarError:
+    if isinstance(exc, UnknownTopicOrPartitionError):
+        return UnknownTopic(f"{what}: {exc}")
+    if exc.retriable or isinstance(exc, KafkaTimeoutError):
+        return KafkaUnavailable(f"{what}: {exc}")
+    return KafkaFailure(f"{what}: {exc}")
+
+
+async def _close_all(*clients: Any) -> None:
+    for client in clients:
+        close = getattr(client, "stop", None) or client.close
+        try:
+            await close()
+        except (KafkaError, OSError) as exc:
+            _log.warning("closing %s failed: %s", type(client).__name__, exc)

@@ -1,0 +1,590 @@
+"""The sidecars' shared metadata in ZooKeeper: one asyncio adapter over kazoo.
+
+Znodes, under a configurable root (default ``/ordered``); every value is UTF-8 JSON
+in the shapes of ``sidecar.core.serialization``::
+
+    <root>/sidecars/<id>                     ephemeral: a live sidecar's info
+    <root>/topics/<t>                        {"config": ..., "current_generation": g}
+    <root>/topics/<t>/generations/<g>        a committed generation; g as %010d
+    <root>/topics/<t>/partitions             {"modes": [...], "delete_after": [float|null, ...]}
+    <root>/topics/<t>/pending                the pending barrier; only while one is pending
+    <root>/topics/<t>/barrier/<g>/<id>       {"acked": {"<partition>": next_offset}}
+    <root>/ops/<t>                           journal of the change in progress (or last done)
+    <root>/locks/<t>                         kazoo Lock recipe: one change at a time
+
+A commit changes the generation log, the current generation, the modes, the pending
+barrier and the journal in one multi-op transaction, so a reader never sees half of it.
+
+kazoo calls block, so they run in worker threads; kazoo's watch and session callbacks
+run on kazoo's threads and are handed to the event loop. While the session is not
+CONNECTED every call fails fast with MetadataUnavailable instead of queueing in kazoo
+until a reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from typing import Any, ParamSpec, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    CancelledError,
+    ConnectionDropped,
+    ConnectionLoss,
+    LockTimeout,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.recipe.watchers import DataWatch
+
+from sidecar.core.errors import (
+    MetadataUnavailable,
+    OperationInProgress,
+    TopicAlreadyManaged,
+    UnknownTopic,
+)
+from sidecar.core.generations import Generation, PartitionMode
+from sidecar.core.procedures import Operation, SessionState, SidecarId
+from sidecar.core.serialization import (
+    config_from_json,
+    config_to_json,
+    generation_from_json,
+    generation_to_json,
+    log_from_generations,
+    modes_from_json,
+    modes_to_json,
+    operation_from_json,
+    operation_to_json,
+    pending_from_json,
+    pending_to_json,
+)
+from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
+
+# ConnectionClosedError (a stopped client) is a SessionExpiredError subclass.
+_CONNECTION_ERRORS = (
+    ConnectionLoss,
+    ConnectionDropped,
+    SessionExpiredError,
+    OperationTimeoutError,
+    KazooTimeoutError,
+)
+# A concurrent writer changed what a transaction was built from: read again and retry.
+_RACE_ERRORS = (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError)
+_TRANSACTION_ATTEMPTS = 5
+_SESSION_STATES = {
+    KazooState.CONNECTED: SessionState.CONNECTED,
+    KazooState.SUSPENDED: SessionState.SUSPENDED,
+    KazooState.LOST: SessionState.LOST,
+}
+
+
+class MetadataStore:
+    """One ZooKeeper session and one method per metadata operation."""
+
+    def __init__(
+        self, hosts: str, *, root: str = "/ordered", session_timeout_s: float = 10.0
+    ) -> None:
+        self._root = root.rstrip("/")
+        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = SessionState.LOST
+        self._state_events_seen = False
+        self._listeners: list[Callable[[SessionState], None]] = []
+        self._registrations: dict[str, bytes] = {}
+        self._reregister_needed = False
+        self._stopped = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # Session --------------------------------------------------------------------------
+
+    # The timeout is kazoo's own connect wait, which also stops kazoo retrying in its
+    # threads; cancelling the await with asyncio.timeout would not.
+    async def start(self, timeout: float = 15.0) -> None:  # noqa: ASYNC109
+        """Connect. Raises MetadataUnavailable if ZooKeeper does not answer in time."""
+        self._loop = asyncio.get_running_loop()
+        self._client.add_listener(self._on_kazoo_state)
+        try:
+            await asyncio.to_thread(self._client.start, timeout)
+        except _CONNECTION_ERRORS as exc:
+            raise MetadataUnavailable(f"cannot connect to ZooKeeper: {exc!r}") from exc
+        # The CONNECTED callback races with start() returning; a later event wins.
+        if not self._state_events_seen:
+            self._state = SessionState.CONNECTED
+        await self._run(self._ensure_layout)
+
+    async def stop(self) -> None:
+        """Close the session: its ephemeral nodes, the sidecar's registration, go away."""
+        self._stopped = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.to_thread(self._client.stop)
+        await asyncio.to_thread(self._client.close)
+
+    @property
+    def session_state(self) -> SessionState:
+        return self._state
+
+    def add_session_listener(self, callback: Callable[[SessionState], None]) -> None:
+        """Call ``callback`` on the event loop at every session state change."""
+        self._listeners.append(callback)
+
+    def _on_kazoo_state(self, state: KazooState) -> None:
+        # On kazoo's connection thread, which must never block.
+        self._to_loop(self._session_changed, _SESSION_STATES[state])
+
+    def _session_changed(self, state: SessionState) -> None:
+        self._state_events_seen = True
+        if state is self._state:
+            return
+        self._state = state
+        if state is SessionState.LOST:
+            self._reregister_needed = True
+        elif state is SessionState.CONNECTED and self._reregister_needed and not self._stopped:
+            self._spawn(self._reregister())
+        for listener in list(self._listeners):
+            listener(state)
+
+    async def _reregister(self) -> None:
+        # The expired session took the ephemeral registrations with it.
+        self._reregister_needed = False
+        try:
+            for sidecar_id, data in list(self._registrations.items()):
+                await self._run(self._create_ephemeral, self._sidecar_path(sidecar_id), data)
+        except MetadataUnavailable:
+            log.warning("re-registration failed; retrying at the next reconnect", exc_info=True)
+            self._reregister_needed = True
+
+    # Sidecars -------------------------------------------------------------------------
+
+    async def register_sidecar(self, sidecar_id: str, info: dict[str, Any]) -> None:
+        """Register a live sidecar (ephemeral; re-created after an expired session)."""
+        data = _encode(info)
+        self._registrations[sidecar_id] = data
+        await self._run(self._create_ephemeral, self._sidecar_path(sidecar_id), data)
+
+    async def live_sidecars(self) -> frozenset[SidecarId]:
+        children = await self._run(self._client.get_children, f"{self._root}/sidecars")
+        return frozenset(SidecarId(child) for child in children)
+
+    def _create_ephemeral(self, path: str, data: bytes) -> None:
+        try:
+            self._client.create(path, data, ephemeral=True)
+        except NodeExistsError:
+            stat = self._client.exists(path)
+            if stat is not None and stat.ephemeralOwner == self._client.client_id[0]:
+                self._client.set(path, data)
+                return
+            # Left by an older session of ours that the server has not expired yet.
+            with suppress(NoNodeError):
+                self._client.delete(path)
+            self._client.create(path, data, ephemeral=True)
+
+    # Topics ---------------------------------------------------------------------------
+
+    async def list_topics(self) -> list[str]:
+        return sorted(await self._run(self._client.get_children, f"{self._root}/topics"))
+
+    async def create_topic(
+        self, config: TopicConfig, generation0: Generation, modes: tuple[PartitionMode, ...]
+    ) -> None:
+        """Start managing a topic. Raises TopicAlreadyManaged if it is managed already."""
+        await self._run(self._create_topic, config, generation0, modes)
+
+    def _create_topic(
+        self, config: TopicConfig, generation0: Generation, modes: tuple[PartitionMode, ...]
+    ) -> None:
+        topic = self._topic_path(config.name)
+        transaction = self._client.transaction()
+        transaction.create(topic, _encode(_topic_json(config, generation0.number)))
+        transaction.create(f"{topic}/generations")
+        transaction.create(self._generation_path(config.name, 0), _encode_generation(generation0))
+        transaction.create(f"{topic}/partitions", _encode_partitions(modes, (None,) * len(modes)))
+        transaction.create(f"{topic}/barrier")
+        try:
+            _commit(transaction)
+        except NodeExistsError as exc:
+            raise TopicAlreadyManaged(f"topic {config.name!r} is already managed") from exc
+
+    async def read_topic(self, topic: str) -> TopicState:
+        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged."""
+        return await self._run(self._read_topic, topic)
+
+    def _read_topic(self, topic: str) -> TopicState:
+        path = self._topic_path(topic)
+        while True:
+            try:
+                raw, stat = self._client.get(path)
+            except NoNodeError as exc:
+                raise UnknownTopic(f"topic {topic!r} is not managed") from exc
+            head = json.loads(raw)
+            config = config_from_json(head["config"])
+            generations = [
+                generation_from_json(json.loads(self._client.get(f"{path}/generations/{name}")[0]))
+                for name in self._client.get_children(f"{path}/generations")
+            ]
+            partitions = json.loads(self._client.get(f"{path}/partitions")[0])
+            pending = self._get_json(f"{path}/pending")
+            operation = self._read_operation(topic)
+            # The reads above are not one snapshot: a commit moves the topic node, so an
+            # unchanged topic node means no commit landed in between.
+            after = self._client.exists(path)
+            if after is not None and after.mzxid == stat.mzxid:
+                break
+        return TopicState(
+            config=config,
+            log=log_from_generations(config.initial_count, generations),
+            modes=modes_from_json(partitions["modes"]),
+            delete_after=_delete_after_from_json(partitions["delete_after"]),
+            pending=None if pending is None else pending_from_json(pending),
+            operation=operation,
+        )
+
+    def watch_topic(self, topic: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop whenever the topic, its partitions or its pending
+        barrier changes, appears or disappears, until the store stops.
+
+        It is also called once as soon as each watch is set: the watches are set in the
+        background, and a change between the caller's last read and the watch would
+        otherwise go unnoticed.
+        """
+        path = self._topic_path(topic)
+
+        def changed(data: bytes | None, stat: Any, event: Any) -> None:
+            self._to_loop(callback)
+
+        for watched in (path, f"{path}/partitions", f"{path}/pending"):
+            # DataWatch reads the node before it returns, retrying forever while
+            # disconnected: that must not happen on the event loop.
+            self._client.handler.spawn(DataWatch, self._client, watched, changed)
+
+    async def set_partitions(
+        self,
+        topic: str,
+        modes: tuple[PartitionMode, ...],
+        delete_after: tuple[float | None, ...],
+    ) -> None:
+        """Overwrite the partition modes. Hold ``lock(topic)``: the last writer wins, and a
+        commit also writes the modes. Raises UnknownTopic."""
+        await self._run(self._set_partitions, topic, modes, delete_after)
+
+    def _set_partitions(
+        self,
+        topic: str,
+        modes: tuple[PartitionMode, ...],
+        delete_after: tuple[float | None, ...],
+    ) -> None:
+        try:
+            self._client.set(
+                f"{self._topic_path(topic)}/partitions", _encode_partitions(modes, delete_after)
+            )
+        except NoNodeError as exc:
+            raise UnknownTopic(f"topic {topic!r} is not managed") from exc
+
+    # Operations -----------------------------------------------------------------------
+
+    def lock(self, topic: str, owner: str, timeout: float) -> AbstractAsyncContextManager[None]:
+        """Hold the topic's change lock. Raises OperationInProgress if another holder keeps
+        it longer than ``timeout`` seconds."""
+        return self._locked(topic, owner, timeout)
+
+    @asynccontextmanager
+    async def _locked(self, topic: str, owner: str, wait_s: float) -> AsyncIterator[None]:
+        lock = self._client.Lock(f"{self._root}/locks/{topic}", owner)
+        acquiring = asyncio.ensure_future(self._run(_acquire, lock, wait_s))
+        try:
+            acquired = await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            # The thread keeps waiting: wake it, and release what it may still get.
+            lock.cancel()
+            with suppress(Exception):
+                if await acquiring:
+                    await asyncio.to_thread(lock.release)
+            raise
+        if not acquired:
+            raise OperationInProgress(f"another partition-count change of {topic!r} holds the lock")
+        try:
+            yield
+        finally:
+            # A lost session released the lock already.
+            with suppress(*_CONNECTION_ERRORS):
+                await asyncio.to_thread(lock.release)
+
+    async def save_operation(self, operation: Operation) -> None:
+        """Create or overwrite the topic's operation journal."""
+        await self._run(self._save_operation, operation)
+
+    def _save_operation(self, operation: Operation) -> None:
+        path, data = self._ops_path(operation.topic), _encode(operation_to_json(operation))
+        try:
+            self._client.set(path, data)
+        except NoNodeError:
+            self._client.create(path, data)
+
+    async def read_operation(self, topic: str) -> Operation | None:
+        return await self._run(self._read_operation, topic)
+
+    def _read_operation(self, topic: str) -> Operation | None:
+        raw = self._get_json(self._ops_path(topic))
+        return None if raw is None else operation_from_json(raw)
+
+    # Barrier --------------------------------------------------------------------------
+
+    async def publish_barrier(self, topic: str, pending: PendingBarrier) -> None:
+        """Publish ``pending``; publishing it again is a no-op. Raises UnknownTopic, and
+        OperationInProgress if a different barrier is pending."""
+        await self._run(self._publish_barrier, topic, pending)
+
+    def _publish_barrier(self, topic: str, pending: PendingBarrier) -> None:
+        path = self._topic_path(topic)
+        barrier = self._barrier_path(topic, pending.generation)
+        existing = self._get_json(f"{path}/pending")
+        if existing is not None:
+            if pending_from_json(existing) != pending:
+                raise OperationInProgress(f"another barrier is pending on {topic!r}: {existing}")
+            return
+        if self._client.exists(path) is None:
+            raise UnknownTopic(f"topic {topic!r} is not managed")
+        # Acks left by an earlier attempt at this generation, interrupted while rolling
+        # back, would count for sidecars that never held for this one.
+        self._delete_tree(barrier)
+        self._client.ensure_path(f"{path}/barrier")
+        transaction = self._client.transaction()
+        transaction.create(barrier)
+        transaction.create(f"{path}/pending", _encode(pending_to_json(pending)))
+        _commit(transaction)
+
+    async def ack_barrier(
+        self, topic: str, generation: int, sidecar_id: str, acked: Mapping[int, int]
+    ) -> None:
+        """Record that ``sidecar_id`` holds for ``generation``; ``acked`` maps a partition to
+        one past its highest acknowledged offset. An ack for a barrier already committed or
+        rolled back is dropped."""
+        await self._run(self._ack_barrier, topic, generation, sidecar_id, acked)
+
+    def _ack_barrier(
+        self, topic: str, generation: int, sidecar_id: str, acked: Mapping[int, int]
+    ) -> None:
+        path = f"{self._barrier_path(topic, generation)}/{sidecar_id}"
+        data = _encode({"acked": {str(p): offset for p, offset in acked.items()}})
+        try:
+            self._client.create(path, data)
+        except NodeExistsError:
+            self._client.set(path, data)
+        except NoNodeError:
+            log.info("dropped an ack for the finished barrier %s of %s", generation, topic)
+
+    async def barrier_acks(self, topic: str, generation: int) -> dict[SidecarId, dict[int, int]]:
+        return await self._run(self._barrier_acks, topic, generation)
+
+    def _barrier_acks(self, topic: str, generation: int) -> dict[SidecarId, dict[int, int]]:
+        barrier = self._barrier_path(topic, generation)
+        try:
+            children = self._client.get_children(barrier)
+        except NoNodeError:
+            return {}
+        acks: dict[SidecarId, dict[int, int]] = {}
+        for child in children:
+            raw = self._get_json(f"{barrier}/{child}")
+            if raw is not None:
+                acks[SidecarId(child)] = {int(p): int(o) for p, o in raw["acked"].items()}
+        return acks
+
+    async def remove_barrier(self, topic: str, generation: int) -> None:
+        """Withdraw the barrier for ``generation`` (a rollback) and its acks; idempotent."""
+        await self._run(self._remove_barrier, topic, generation)
+
+    def _remove_barrier(self, topic: str, generation: int) -> None:
+        pending_path = f"{self._topic_path(topic)}/pending"
+        try:
+            raw, stat = self._client.get(pending_path)
+            if pending_from_json(json.loads(raw)).generation == generation:
+                self._client.delete(pending_path, version=stat.version)
+        except NoNodeError:
+            pass
+        self._delete_tree(self._barrier_path(topic, generation))
+
+    async def commit_generation(
+        self,
+        topic: str,
+        generation: Generation,
+        modes: tuple[PartitionMode, ...],
+        delete_after: tuple[float | None, ...],
+        operation: Operation,
+    ) -> None:
+        """Commit ``generation`` with its modes, end its barrier and journal ``operation``,
+        all in one transaction. Committing it again only finishes the cleanup and saves
+        ``operation``. Raises ValueError if it does not follow the current generation,
+        UnknownTopic."""
+        await self._run(self._commit_generation, topic, generation, modes, delete_after, operation)
+
+    def _commit_generation(
+        self,
+        topic: str,
+        generation: Generation,
+        modes: tuple[PartitionMode, ...],
+        delete_after: tuple[float | None, ...],
+        operation: Operation,
+    ) -> None:
+        path, number = self._topic_path(topic), generation.number
+        for _ in range(_TRANSACTION_ATTEMPTS):
+            if self._client.exists(self._generation_path(topic, number)) is not None:
+                self._remove_barrier(topic, number)
+                self._save_operation(operation)
+                return
+            try:
+                raw, topic_stat = self._client.get(path)
+            except NoNodeError as exc:
+                raise UnknownTopic(f"topic {topic!r} is not managed") from exc
+            head = json.loads(raw)
+            current = head["current_generation"]
+            if number != current + 1:
+                raise ValueError(f"generation {number} cannot follow {current} of {topic!r}")
+            transaction = self._client.transaction()
+            transaction.create(self._generation_path(topic, number), _encode_generation(generation))
+            head["current_generation"] = number
+            transaction.set_data(path, _encode(head), version=topic_stat.version)
+            transaction.set_data(f"{path}/partitions", _encode_partitions(modes, delete_after))
+            pending_stat = self._client.exists(f"{path}/pending")
+            if pending_stat is not None:
+                transaction.delete(f"{path}/pending", version=pending_stat.version)
+            barrier = self._barrier_path(topic, number)
+            if self._client.exists(barrier) is not None:
+                for child in self._client.get_children(barrier):
+                    transaction.delete(f"{barrier}/{child}")
+                transaction.delete(barrier)
+            ops_path, ops_data = self._ops_path(topic), _encode(operation_to_json(operation))
+            if self._client.exists(ops_path) is None:
+                transaction.create(ops_path, ops_data)
+            else:
+                transaction.set_data(ops_path, ops_data)
+            try:
+                _commit(transaction)
+                return
+            except _RACE_ERRORS:
+                log.info("commit of generation %s of %s raced; retrying", number, topic)
+        raise MetadataUnavailable(f"commit of generation {number} of {topic!r} kept racing")
+
+    # Plumbing -------------------------------------------------------------------------
+
+    async def _run(self, function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run a blocking kazoo call in a thread, with connection errors translated."""
+        if self._state is not SessionState.CONNECTED:
+            raise MetadataUnavailable(f"ZooKeeper session is {self._state.value}")
+        try:
+            return await asyncio.to_thread(function, *args, **kwargs)
+        except _CONNECTION_ERRORS as exc:
+            raise MetadataUnavailable(f"ZooKeeper: {exc!r}") from exc
+
+    def _to_loop(self, callback: Callable[_P, None], *args: _P.args, **kwargs: _P.kwargs) -> None:
+        loop = self._loop
+        if loop is None or self._stopped:
+            return
+        with suppress(RuntimeError):  # the loop is already closed
+            loop.call_soon_threadsafe(lambda: callback(*args, **kwargs))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _ensure_layout(self) -> None:
+        for child in ("sidecars", "topics", "ops", "locks"):
+            self._client.ensure_path(f"{self._root}/{child}")
+
+    def _delete_tree(self, path: str) -> None:
+        for _ in range(_TRANSACTION_ATTEMPTS):
+            try:
+                self._client.delete(path, recursive=True)
+                return
+            except NotEmptyError:
+                continue  # a late ack landed while the children were deleted
+        raise MetadataUnavailable(f"could not delete {path}: children keep appearing")
+
+    def _get_json(self, path: str) -> Any:
+        """The node's decoded value, or None if it does not exist."""
+        try:
+            return json.loads(self._client.get(path)[0])
+        except NoNodeError:
+            return None
+
+    def _sidecar_path(self, sidecar_id: str) -> str:
+        return f"{self._root}/sidecars/{sidecar_id}"
+
+    def _topic_path(self, topic: str) -> str:
+        return f"{self._root}/topics/{topic}"
+
+    def _generation_path(self, topic: str, number: int) -> str:
+        return f"{self._root}/topics/{topic}/generations/{number:010d}"
+
+    def _barrier_path(self, topic: str, number: int) -> str:
+        return f"{self._root}/topics/{topic}/barrier/{number}"
+
+    def _ops_path(self, topic: str) -> str:
+        return f"{self._root}/ops/{topic}"
+
+
+def _acquire(lock: Any, timeout: float) -> bool:
+    try:
+        return bool(lock.acquire(timeout=timeout))
+    except (LockTimeout, CancelledError):
+        return False
+
+
+def _commit(transaction: Any) -> None:
+    """Commit a kazoo transaction, raising the error of the operation that failed.
+
+    kazoo returns failures as exception *instances* in the result list; every other
+    operation of a failed transaction reports RolledBackError.
+    """
+    results = transaction.commit()
+    failures = [r for r in results if isinstance(r, Exception)]
+    for failure in failures:
+        if not isinstance(failure, RolledBackError):
+            raise failure
+    if failures:
+        raise failures[0]
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _topic_json(config: TopicConfig, current_generation: int) -> dict[str, Any]:
+    return {"config": config_to_json(config), "current_generation": current_generation}
+
+
+def _encode_generation(generation: Generation) -> bytes:
+    return _encode(generation_to_json(generation))
+
+
+def _encode_partitions(
+    modes: tuple[PartitionMode, ...], delete_after: tuple[float | None, ...]
+) -> bytes:
+    return _encode({"modes": modes_to_json(modes), "delete_after": list(delete_after)})
+
+
+def _delete_after_from_json(raw: Any) -> tuple[float | None, ...]:
+    if not isinstance(raw, list):
+        raise ValueError(f"malformed delete_after: {raw!r}")
+    values: list[float | None] = []
+    for item in raw:
+        if item is not None and (isinstance(item, bool) or not isinstance(item, int | float)):
+            raise ValueError(f"malformed delete_after: {raw!r}")
+        values.append(None if item is None else float(item))
+    return tuple(values)

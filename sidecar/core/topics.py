@@ -1,0 +1,46 @@
+"""A managed topic as the sidecars share it: its config and its current metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.core.generations import Generation, GenerationLog, PartitionMode
+from sidecar.core.procedures import Operation
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """What is fixed when a topic becomes managed."""
+
+    name: str
+    initial_count: int
+    """N: the partition count the topic was created (or adopted) with."""
+    replication_factor: int
+    compacted: bool = False
+    ordered_delivery: bool = True
+    """KIP-253's topic config: False skips gating and fencing."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingBarrier:
+    """A generation published as pending by a coordinator and not yet committed."""
+
+    generation: int
+    target_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicState:
+    """Everything a sidecar reads about one managed topic, at one moment."""
+
+    config: TopicConfig
+    log: GenerationLog
+    modes: tuple[PartitionMode, ...]
+    delete_after: tuple[float | None, ...] = ()
+    """Per partition: wall-clock time after which a read-only partition is removed."""
+    pending: PendingBarrier | None = None
+    operation: Operation | None = None
+
+    @property
+    def current(self) -> Generation:
+        return self.log.current

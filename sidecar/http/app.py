@@ -1,0 +1,303 @@
+"""The sidecar's HTTP surface (aiohttp), bound to 127.0.0.1 by default.
+
+Routes (the OpenAPI document at ``/openapi.json`` has the details):
+
+* ``POST /topics/{topic}``, ``POST /topics/{topic}/partitions/{partition}``: produce,
+  Confluent REST Proxy v2 compatible.
+* ``GET /topics/{topic}``: the topic's partitions and, for a managed topic, its
+  generation, count and partition modes.
+* ``GET /healthz`` (the process answers), ``GET /readyz`` (Kafka started and the
+  ZooKeeper session connected), ``GET /metrics`` (Prometheus).
+* ``/admin/...``: create, adopt, describe, change the partition count. Off unless
+  ``http.admin_enabled``; every call needs ``Authorization: Bearer <http.admin_token>``.
+
+Handlers only translate: decode the request, call the service, encode the answer.
+Errors become responses in one place, ``errors_middleware``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sidecar.config import Settings
+from sidecar.core.errors import (
+    AdminDisabled,
+    BadRequest,
+    ChangeRolledBack,
+    NotAuthorized,
+    SidecarError,
+    UnknownPartition,
+)
+from sidecar.core.procedures import Phase
+from sidecar.core.serialization import operation_to_json
+from sidecar.http.error_map import errors_middleware
+from sidecar.http.produce_codec import (
+    V2_RESPONSE_CONTENT_TYPE,
+    decode_produce_request,
+    encode_produce_response,
+)
+from sidecar.metrics import SidecarMetrics
+from sidecar.service.admin import CreateTopic, TopicAdmin, describe_state
+from sidecar.service.changes import ChangeRequest, ChangeRunner
+from sidecar.service.idempotency import IdempotencyCache
+from sidecar.service.sidecar import ProduceOutcome, Sidecar
+
+_OPENAPI: Final = Path(__file__).with_name("openapi.json")
+
+SIDECAR_KEY: Final = web.AppKey("sidecar", Sidecar)
+ADMIN_KEY: Final = web.AppKey("admin", TopicAdmin)
+CHANGES_KEY: Final = web.AppKey("changes", ChangeRunner)
+SETTINGS_KEY: Final = web.AppKey("settings", Settings)
+METRICS_KEY: Final = web.AppKey("metrics", SidecarMetrics)
+IDEMPOTENCY_KEY: Final = web.AppKey("idempotency", IdempotencyCache[ProduceOutcome])
+
+
+def build_app(
+    settings: Settings,
+    sidecar: Sidecar,
+    admin: TopicAdmin,
+    changes: ChangeRunner,
+    metrics: SidecarMetrics,
+) -> web.Application:
+    app = web.Application(
+        middlewares=[errors_middleware],
+        # The codec enforces the configured limit with a clear message; aiohttp's own
+        # limit only has to be above it.
+        client_max_size=settings.http.max_body_bytes + 1024,
+    )
+    app[SIDECAR_KEY] = sidecar
+    app[ADMIN_KEY] = admin
+    app[CHANGES_KEY] = changes
+    app[SETTINGS_KEY] = settings
+    app[METRICS_KEY] = metrics
+    app[IDEMPOTENCY_KEY] = IdempotencyCache()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_post("/topics/{topic}", produce)
+    app.router.add_post("/topics/{topic}/partitions/{partition}", produce)
+    app.router.add_get("/topics/{topic}", get_topic)
+    app.router.add_post("/admin/topics", admin_create)
+    app.router.add_get("/admin/topics/{topic}", admin_describe)
+    app.router.add_post("/admin/topics/{topic}/adopt", admin_adopt)
+    app.router.add_post("/admin/topics/{topic}/partition-count", admin_change_count)
+    return app
+
+
+# Operations ---------------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    sidecar = request.app[SIDECAR_KEY]
+    ready = sidecar.ready
+    return web.json_response(
+        {"ready": ready, "zookeeper": sidecar.store.session_state.value},
+        status=200 if ready else 503,
+    )
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS_KEY].registry)
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=_OPENAPI.read_bytes(), content_type="application/json")
+
+
+# Produce --------------------------------------------------------------------------------------
+
+
+async def produce(request: web.Request) -> web.Response:
+    app = request.app
+    settings = app[SETTINGS_KEY]
+    metrics = app[METRICS_KEY]
+    topic = request.match_info["topic"]
+    partition = _partition_in_path(request)
+    body = await request.read()
+    began = time.monotonic()
+    outcome_label = "error"
+    try:
+        decoded = decode_produce_request(
+            body,
+            content_type=request.headers.get("Content-Type"),
+            headers=request.headers,
+            max_body_bytes=settings.http.max_body_bytes,
+        )
+
+        async def run() -> ProduceOutcome:
+            return await app[SIDECAR_KEY].produce(topic, decoded, partition)
+
+        if decoded.idempotency_key is None:
+            outcome = await run()
+        else:
+            scope = (topic, str(partition), decoded.idempotency_key)
+            outcome = await app[IDEMPOTENCY_KEY].run(scope, body, run)
+        written = sum(1 for r in outcome.results if hasattr(r, "offset"))
+        failed = len(outcome.results) - written
+        outcome_label = "ok" if failed == 0 else ("partial" if written else "failed")
+        metrics.produce_records.labels(topic, "written").inc(written)
+        metrics.produce_records.labels(topic, "failed").inc(failed)
+        metrics.produce_bytes.labels(topic).inc(
+            sum(len(r.key or b"") + len(r.value or b"") for r in decoded.records)
+        )
+    except SidecarError as exc:
+        outcome_label = str(exc.error_code)
+        raise
+    finally:
+        metrics.produce_requests.labels(topic, outcome_label).inc()
+        metrics.produce_latency.labels(topic, outcome_label).observe(time.monotonic() - began)
+    return web.Response(
+        body=encode_produce_response(
+            outcome.results,
+            generation=outcome.generation,
+            partition_count=outcome.partition_count,
+        ),
+        content_type=V2_RESPONSE_CONTENT_TYPE,
+    )
+
+
+def _partition_in_path(request: web.Request) -> int | None:
+    raw = request.match_info.get("partition")
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 10:
+        raise UnknownPartition(f"partition {raw!r} is not a partition number")
+    return int(raw)
+
+
+async def get_topic(request: web.Request) -> web.Response:
+    topic = request.match_info["topic"]
+    sidecar = request.app[SIDECAR_KEY]
+    runtime = await sidecar.runtime(topic)
+    if runtime is None:
+        count = await sidecar.kafka.partition_count(topic)
+        body: dict[str, Any] = {
+            "name": topic,
+            "managed": False,
+            "partitions": [{"partition": p} for p in range(count)],
+        }
+    else:
+        body = {"name": topic, "managed": True} | describe_state(runtime.state)
+    return web.json_response(body, content_type=V2_RESPONSE_CONTENT_TYPE)
+
+
+# Admin ----------------------------------------------------------------------------------------
+
+
+def _authorize(request: web.Request) -> None:
+    settings = request.app[SETTINGS_KEY].http
+    if not settings.admin_enabled:
+        raise AdminDisabled("the admin API is disabled (http.admin_enabled = false)")
+    supplied = request.headers.get("Authorization", "")
+    expected = f"Bearer {settings.admin_token}"
+    if not hmac.compare_digest(supplied.encode(), expected.encode()):
+        raise NotAuthorized("missing or wrong admin token (Authorization: Bearer <token>)")
+
+
+async def _json_object(
+    request: web.Request, allowed: set[str], required: set[str]
+) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        document: object = {}
+    else:
+        try:
+            document = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise BadRequest("request body must be a JSON object")
+    unknown = sorted(set(document) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
+    missing = sorted(required - set(document))
+    if missing:
+        raise BadRequest(f"missing field(s): {', '.join(missing)}")
+    return document
+
+
+def _field(document: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
+    value = document.get(name, default)
+    if value is None and default is None and name not in document:
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BadRequest(f"{name} must be {_kind_name(kind)}, got {json.dumps(value)}")
+    return value
+
+
+def _kind_name(kind: type) -> str:
+    return {int: "an integer", bool: "true or false", str: "a string", float: "a number"}.get(
+        kind, kind.__name__
+    )
+
+
+async def admin_create(request: web.Request) -> web.Response:
+    _authorize(request)
+    document = await _json_object(
+        request,
+        {"name", "partitions", "replication_factor", "compacted", "ordered_delivery"},
+        {"name", "partitions"},
+    )
+    create = CreateTopic(
+        name=_field(document, "name", str),
+        partitions=_field(document, "partitions", int),
+        replication_factor=_field(document, "replication_factor", int, 3),
+        compacted=_field(document, "compacted", bool, False),
+        ordered_delivery=_field(document, "ordered_delivery", bool, True),
+    )
+    state = await request.app[ADMIN_KEY].create(create)
+    return web.json_response(describe_state(state), status=201)
+
+
+async def admin_adopt(request: web.Request) -> web.Response:
+    _authorize(request)
+    document = await _json_object(request, {"compacted", "ordered_delivery"}, set())
+    state = await request.app[ADMIN_KEY].adopt(
+        request.match_info["topic"],
+        compacted=_field(document, "compacted", bool, False),
+        ordered_delivery=_field(document, "ordered_delivery", bool, True),
+    )
+    return web.json_response(describe_state(state), status=201)
+
+
+async def admin_describe(request: web.Request) -> web.Response:
+    _authorize(request)
+    return web.json_response(await request.app[ADMIN_KEY].describe(request.match_info["topic"]))
+
+
+async def admin_change_count(request: web.Request) -> web.Response:
+    """Expand or shrink to an absolute count (KIP-195 ``increaseTo``); answers when done."""
+    _authorize(request)
+    document = await _json_object(
+        request, {"count", "validate_only", "delete_after_seconds"}, {"count"}
+    )
+    delete_after = _field(document, "delete_after_seconds", float)
+    if delete_after is not None and delete_after < 0:
+        raise BadRequest("delete_after_seconds must not be negative")
+    change = ChangeRequest(
+        topic=request.match_info["topic"],
+        target_count=_field(document, "count", int),
+        validate_only=_field(document, "validate_only", bool, False),
+        delete_after_seconds=delete_after,
+    )
+    operation = await request.app[CHANGES_KEY].change(change)
+    if not change.validate_only and operation.phase is not Phase.DONE:
+        raise ChangeRolledBack(f"the change was rolled back: {operation.outcome}")
+    return web.json_response(operation_to_json(operation) | {"validate_only": change.validate_only})

@@ -1,0 +1,118 @@
+"""Prometheus metrics of one sidecar, in one registry per service instance.
+
+A registry per instance (not the global default) lets tests run several sidecars in
+one process and read each one's counters. Names follow Prometheus conventions:
+``_total`` counters, ``_seconds`` and ``_bytes`` units, labels of low cardinality
+(topic, outcome, kind, phase), never keys or offsets.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class SidecarMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.produce_requests = Counter(
+            "sidecar_produce_requests_total",
+            "Produce requests answered, by topic and outcome (ok, partial, error code).",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.produce_records = Counter(
+            "sidecar_produce_records_total",
+            "Records produced, by topic and outcome (written, failed).",
+            ["topic", "outcome"],
+            registry=r,
+        )
+        self.produce_bytes = Counter(
+            "sidecar_produce_bytes_total",
+            "Key plus value bytes of written records.",
+            ["topic"],
+            registry=r,
+        )
+        self.produce_latency = Histogram(
+            "sidecar_produce_latency_seconds",
+            "Produce request latency, from the request's arrival to its answer.",
+            ["topic", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.held_requests = Gauge(
+            "sidecar_produce_held_requests",
+            "Produce requests held right now (barrier pending or metadata being re-read).",
+            ["topic"],
+            registry=r,
+        )
+        self.hold_seconds = Histogram(
+            "sidecar_produce_hold_seconds",
+            "How long held produce requests waited before they were routed.",
+            ["topic"],
+            buckets=_HOLD_BUCKETS,
+            registry=r,
+        )
+        self.fenced = Counter(
+            "sidecar_produce_fenced_total",
+            "Produce requests refused because they named an older generation or count.",
+            ["topic"],
+            registry=r,
+        )
+        self.unknown_generation = Counter(
+            "sidecar_produce_unknown_generation_total",
+            "Produce requests naming a generation newer than this sidecar knows.",
+            ["topic"],
+            registry=r,
+        )
+        self.barrier_seconds = Histogram(
+            "sidecar_barrier_phase_seconds",
+            "Duration of each phase of a partition-count change this sidecar coordinated.",
+            ["topic", "phase"],
+            buckets=_HOLD_BUCKETS,
+            registry=r,
+        )
+        self.barrier_acks = Counter(
+            "sidecar_barrier_acks_total",
+            "Barriers this sidecar acknowledged.",
+            ["topic"],
+            registry=r,
+        )
+        self.admin_operations = Counter(
+            "sidecar_admin_operations_total",
+            "Admin operations, by kind (create, adopt, expand, shrink) and result.",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.relocation_tombstones = Counter(
+            "sidecar_relocation_tombstones_total",
+            "Tombstones written to an ancestor partition of a compacted topic.",
+            ["topic"],
+            registry=r,
+        )
+        self.records_without_headers = Counter(
+            "sidecar_records_without_sidecar_headers_total",
+            "Records read from managed topics that no sidecar wrote (bypassing producers).",
+            ["topic"],
+            registry=r,
+        )
+        self.generation = Gauge(
+            "sidecar_topic_generation",
+            "Current committed generation of each managed topic, as this sidecar knows it.",
+            ["topic"],
+            registry=r,
+        )
+        self.partition_count = Gauge(
+            "sidecar_topic_undeleted_partitions",
+            "Undeleted (read-write) partition count of each managed topic.",
+            ["topic"],
+            registry=r,
+        )
+        self.zookeeper_connected = Gauge(
+            "sidecar_zookeeper_connected",
+            "1 while the ZooKeeper session is connected, else 0 (managed produces hold).",
+            registry=r,
+        )

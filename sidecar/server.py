@@ -1,0 +1,114 @@
+"""One running sidecar: adapters, service and HTTP server wired from one Settings.
+
+``SidecarServer`` is what ``sidecar serve`` runs and what the tests start (several in
+one process, each with its own id, port and metrics registry).
+
+Shutdown order matters for "nothing half-written": first the HTTP server stops
+accepting and waits for the requests in progress (their sends complete), then the
+producer flushes, then the ZooKeeper session closes (its registration goes away
+last, so no coordinator skips this sidecar while it still writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from aiohttp import web
+
+from sidecar.adapters.kafka import KafkaGateway
+from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.config import Settings
+from sidecar.core.errors import SidecarError
+from sidecar.http.app import build_app
+from sidecar.metrics import SidecarMetrics
+from sidecar.service.admin import TopicAdmin
+from sidecar.service.changes import ChangeRunner
+from sidecar.service.sidecar import Sidecar
+
+_log = logging.getLogger(__name__)
+
+ABANDONED_CHECK_S = 2.0
+"""How often a sidecar looks for changes whose coordinator died, to finish them."""
+SHUTDOWN_GRACE_S = 30.0
+
+
+class SidecarServer:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = SidecarMetrics()
+        self.store = MetadataStore(
+            settings.zookeeper.hosts,
+            root=settings.zookeeper.root,
+            session_timeout_s=settings.zookeeper.session_timeout_s,
+        )
+        self.kafka = KafkaGateway(settings.kafka)
+        self.sidecar = Sidecar(settings, self.store, self.kafka, self.metrics)
+        self.admin = TopicAdmin(self.store, self.kafka, self.metrics)
+        self.changes = ChangeRunner(
+            settings.sidecar_id,
+            self.store,
+            self.kafka,
+            self.metrics,
+            barrier_timeout_s=settings.produce.barrier_timeout_s,
+        )
+        self.app = build_app(settings, self.sidecar, self.admin, self.changes, self.metrics)
+        self._runner: web.AppRunner | None = None
+        self._janitor: asyncio.Task[None] | None = None
+        self.port: int | None = None
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.http.host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.sidecar.start()
+        self._runner = web.AppRunner(
+            self.app, shutdown_timeout=SHUTDOWN_GRACE_S, handle_signals=False
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.http.host, self.settings.http.port)
+        await site.start()
+        server = site._server  # the bound port, when the configured port is 0
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.settings.http.port
+        self._janitor = asyncio.create_task(self._finish_abandoned_changes())
+        _log.info("sidecar %s listening on %s", self.settings.sidecar_id, self.url)
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._janitor is not None:
+            self._janitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._janitor
+        if self._runner is not None:
+            await self._runner.cleanup()  # stops accepting, waits for handlers
+        await self.sidecar.stop()
+
+    async def _finish_abandoned_changes(self) -> None:
+        while True:
+            await asyncio.sleep(ABANDONED_CHECK_S)
+            for topic in list(self.sidecar.topics):
+                try:
+                    await self.changes.resume_abandoned(topic)
+                except SidecarError as exc:
+                    # Another sidecar holds the lock or ZooKeeper is away: next round.
+                    _log.debug("not resuming %s now: %s", topic, exc.message)
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = SidecarServer(settings)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"sidecar {settings.sidecar_id} ready on {server.url}", flush=True)
+    await stop.wait()
+    await server.stop()

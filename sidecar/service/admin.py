@@ -1,0 +1,140 @@
+"""Making topics managed: create, adopt, describe.
+
+A created topic is created in Kafka first and then recorded in ZooKeeper. If the
+second step fails, the Kafka topic exists unmanaged and a retry is told to adopt it:
+nothing is half-managed, because only the ZooKeeper record makes a topic managed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.adapters.kafka import KafkaGateway, TopicExists
+from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.core.errors import BadRequest, InvalidPartitionCount, TopicAlreadyManaged, UnknownTopic
+from sidecar.core.generations import GenerationLog, PartitionMode
+from sidecar.core.procedures import MAX_PARTITION_COUNT
+from sidecar.core.serialization import (
+    config_to_json,
+    generation_to_json,
+    modes_to_json,
+    operation_to_json,
+    pending_to_json,
+)
+from sidecar.core.topics import TopicConfig, TopicState
+from sidecar.metrics import SidecarMetrics
+
+# Kafka's own rule (Topic.java): legal characters, at most 249 of them, not "." or "..".
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+@dataclass(frozen=True)
+class CreateTopic:
+    name: str
+    partitions: int
+    replication_factor: int
+    compacted: bool = False
+    ordered_delivery: bool = True
+
+
+def validate_topic_name(name: str) -> None:
+    if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+        raise BadRequest(
+            f"invalid topic name {name!r}: use 1-249 of a-z A-Z 0-9 . _ - (not '.' or '..')"
+        )
+
+
+class TopicAdmin:
+    def __init__(self, store: MetadataStore, kafka: KafkaGateway, metrics: SidecarMetrics) -> None:
+        self.store = store
+        self.kafka = kafka
+        self.metrics = metrics
+
+    async def create(self, request: CreateTopic) -> TopicState:
+        """Create the Kafka topic and manage it from generation 0.
+
+        Raises BadRequest (name, replication factor), InvalidPartitionCount,
+        TopicAlreadyManaged (managed already, or existing in Kafka: adopt it instead).
+        """
+        validate_topic_name(request.name)
+        if not 1 <= request.partitions <= MAX_PARTITION_COUNT:
+            raise InvalidPartitionCount(
+                f"partitions must be between 1 and {MAX_PARTITION_COUNT}, got {request.partitions}"
+            )
+        if request.replication_factor < 1:
+            raise BadRequest("replication_factor must be at least 1")
+        await self._refuse_managed(request.name)
+        try:
+            await self.kafka.create_topic(
+                request.name,
+                request.partitions,
+                request.replication_factor,
+                compacted=request.compacted,
+            )
+        except TopicExists as exc:
+            raise TopicAlreadyManaged(
+                f"topic {request.name} already exists in Kafka; adopt it instead"
+            ) from exc
+        config = TopicConfig(
+            request.name,
+            request.partitions,
+            request.replication_factor,
+            request.compacted,
+            request.ordered_delivery,
+        )
+        state = await self._manage(config, request.partitions)
+        self.metrics.admin_operations.labels("create", "done").inc()
+        return state
+
+    async def adopt(
+        self, name: str, *, compacted: bool = False, ordered_delivery: bool = True
+    ) -> TopicState:
+        """Manage an existing Kafka topic: generation 0 with ``U == N`` = its count.
+
+        No key moves: Kafka's default partitioner is linear hashing with ``U == N``.
+        Raises UnknownTopic, TopicAlreadyManaged.
+        """
+        validate_topic_name(name)
+        await self._refuse_managed(name)
+        count = await self.kafka.partition_count(name)
+        config = TopicConfig(name, count, 0, compacted, ordered_delivery)
+        state = await self._manage(config, count)
+        self.metrics.admin_operations.labels("adopt", "done").inc()
+        return state
+
+    async def describe(self, name: str) -> dict[str, Any]:
+        return describe_state(await self.store.read_topic(name))
+
+    async def _refuse_managed(self, name: str) -> None:
+        try:
+            await self.store.read_topic(name)
+        except UnknownTopic:
+            return
+        raise TopicAlreadyManaged(f"topic {name} is already managed")
+
+    async def _manage(self, config: TopicConfig, count: int) -> TopicState:
+        log = GenerationLog.start(count)
+        modes = (PartitionMode.READ_WRITE,) * count
+        await self.store.create_topic(config, log.current, modes)
+        return await self.store.read_topic(config.name)
+
+
+def describe_state(state: TopicState) -> dict[str, Any]:
+    """The admin API's JSON view of a managed topic."""
+    return {
+        "config": config_to_json(state.config),
+        "generation": state.current.number,
+        "undeleted_count": state.current.undeleted_count,
+        "physical_count": len(state.modes),
+        "generations": [generation_to_json(g) for g in state.log.generations],
+        "partitions": [
+            {"partition": p, "mode": mode, "delete_after": state.delete_after[p]}
+            if p < len(state.delete_after)
+            else {"partition": p, "mode": mode, "delete_after": None}
+            for p, mode in enumerate(modes_to_json(state.modes))
+        ],
+        "pending": None if state.pending is None else pending_to_json(state.pending),
+        "operation": None if state.operation is None else operation_to_json(state.operation),
+    }

@@ -1,0 +1,223 @@
+"""Runs partition-count changes: the IO around the core's coordinator state machine.
+
+The loop is always the same: persist the operation record, run the actions the core
+returned, turn their results into an observation, step. Because the record is
+persisted before its actions run and every action is idempotent, a coordinator that
+dies anywhere is finished by the next sidecar that takes the topic's lock and
+``resume``\\ s the stored record (``resume_abandoned``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sidecar.adapters.kafka import KafkaGateway
+from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.core.errors import SidecarError
+from sidecar.core.generations import PartitionMode, modes_after_commit
+from sidecar.core.procedures import (
+    FINAL_PHASES,
+    Action,
+    BarrierProgress,
+    CommitGeneration,
+    Committed,
+    CreatePartitions,
+    Failed,
+    HighWatermarks,
+    Observation,
+    Operation,
+    OperationKind,
+    PartitionsCreated,
+    Phase,
+    PublishBarrier,
+    ReadHighWatermarks,
+    RemoveBarrier,
+    RolledBack,
+    SidecarId,
+    plan_change,
+    resume,
+    step,
+)
+from sidecar.core.topics import PendingBarrier
+from sidecar.metrics import SidecarMetrics
+
+_log = logging.getLogger(__name__)
+
+BARRIER_POLL_S = 0.02
+"""How often the coordinator re-reads barrier acks (a watch would save little here:
+the barrier lasts as long as the slowest sidecar's in-flight sends)."""
+
+LOCK_TIMEOUT_S = 2.0
+
+ProgressCallback = Callable[[Operation], None]
+
+
+@dataclass(frozen=True)
+class ChangeRequest:
+    topic: str
+    target_count: int
+    validate_only: bool = False
+    delete_after_seconds: float | None = None
+
+
+class ChangeRunner:
+    def __init__(
+        self,
+        sidecar_id: str,
+        store: MetadataStore,
+        kafka: KafkaGateway,
+        metrics: SidecarMetrics,
+        *,
+        barrier_timeout_s: float,
+    ) -> None:
+        self.sidecar_id = SidecarId(sidecar_id)
+        self.store = store
+        self.kafka = kafka
+        self.metrics = metrics
+        self.barrier_timeout_s = barrier_timeout_s
+
+    async def change(
+        self, request: ChangeRequest, on_progress: ProgressCallback | None = None
+    ) -> Operation:
+        """Expand or shrink ``request.topic`` to the target count and return the
+        finished operation (phase DONE or ROLLED_BACK with the reason in ``outcome``).
+
+        Raises UnknownTopic, InvalidPartitionCount, OperationInProgress (another
+        change holds the topic), MetadataUnavailable / KafkaUnavailable.
+        """
+        async with self.store.lock(request.topic, self.sidecar_id, LOCK_TIMEOUT_S):
+            # A change left unfinished by a dead coordinator comes first.
+            stored = await self.store.read_operation(request.topic)
+            if stored is not None and stored.phase not in FINAL_PHASES:
+                await self._drive(stored, on_progress)
+            state = await self.store.read_topic(request.topic)
+            current = state.current.undeleted_count
+            kind = OperationKind.EXPAND if request.target_count > current else OperationKind.SHRINK
+            operation, actions = plan_change(
+                kind=kind,
+                log=state.log,
+                physical_count=len(state.modes),
+                topic=request.topic,
+                target_count=request.target_count,
+                coordinator=self.sidecar_id,
+                now=time.time(),
+                barrier_timeout=self.barrier_timeout_s,
+                delete_after_seconds=request.delete_after_seconds,
+            )
+            if request.validate_only:
+                return operation
+            result = await self._drive(operation, on_progress, actions)
+        outcome = "done" if result.phase is Phase.DONE else "rolled_back"
+        self.metrics.admin_operations.labels(kind.value, outcome).inc()
+        return result
+
+    async def resume_abandoned(self, topic: str) -> Operation | None:
+        """Finish a change whose coordinator is gone; None if there is nothing to do."""
+        stored = await self.store.read_operation(topic)
+        if stored is None or stored.phase in FINAL_PHASES:
+            return None
+        if stored.coordinator in await self.store.live_sidecars():
+            return None
+        async with self.store.lock(topic, self.sidecar_id, LOCK_TIMEOUT_S):
+            stored = await self.store.read_operation(topic)
+            if stored is None or stored.phase in FINAL_PHASES:
+                return None
+            _log.warning("resuming %s of %s left by %s", stored.kind, topic, stored.coordinator)
+            return await self._drive(stored, None)
+
+    async def _drive(
+        self,
+        operation: Operation,
+        on_progress: ProgressCallback | None,
+        actions: list[Action] | None = None,
+    ) -> Operation:
+        if actions is None:
+            actions = resume(operation)
+        phase_began = time.monotonic()
+        while True:
+            # Persist before acting: the journal is what a successor resumes from.
+            if operation.phase is not Phase.DONE:
+                await self.store.save_operation(operation)
+            if on_progress is not None:
+                on_progress(operation)
+            if operation.phase in FINAL_PHASES:
+                return operation
+            observation: Observation | None = None
+            for action in actions:
+                observation = await self._run(operation, action)
+            if observation is None:
+                raise AssertionError(f"phase {operation.phase} produced no observation")
+            previous = operation.phase
+            operation, actions = step(operation, observation)
+            if operation.phase is not previous:
+                self.metrics.barrier_seconds.labels(operation.topic, previous.value).observe(
+                    time.monotonic() - phase_began
+                )
+                phase_began = time.monotonic()
+
+    async def _run(self, operation: Operation, action: Action) -> Observation:
+        match action:
+            case CreatePartitions(topic, total_count):
+                try:
+                    count = await self.kafka.create_partitions(topic, total_count)
+                except SidecarError as exc:
+                    return Failed(f"creating partitions failed: {exc.message}")
+                return PartitionsCreated(count)
+            case PublishBarrier(topic, generation, target_count):
+                await self.store.publish_barrier(topic, PendingBarrier(generation, target_count))
+                return await self._await_barrier(operation)
+            case ReadHighWatermarks(topic, physical_count):
+                offsets = await self.kafka.end_offsets(topic, physical_count)
+                epochs = await self.kafka.leader_epochs(topic, physical_count)
+                return HighWatermarks(offsets, epochs)
+            case CommitGeneration(topic, generation):
+                state = await self.store.read_topic(topic)
+                if state.current.number >= generation.number:
+                    return Committed()  # a predecessor committed it before dying
+                modes = modes_after_commit(state.modes, generation)
+                delete_after = _delete_after(
+                    state.modes, state.delete_after, modes, operation.delete_after_seconds
+                )
+                done, _ = step(operation, Committed())
+                await self.store.commit_generation(topic, generation, modes, delete_after, done)
+                return Committed()
+            case RemoveBarrier(topic, generation):
+                await self.store.remove_barrier(topic, generation)
+                return RolledBack()
+        raise AssertionError(f"unknown action {action!r}")
+
+    async def _await_barrier(self, operation: Operation) -> Observation:
+        while True:
+            progress = BarrierProgress(
+                live=await self.store.live_sidecars(),
+                acks=await self.store.barrier_acks(operation.topic, operation.pending_generation),
+                now=time.time(),
+            )
+            moved, _ = step(operation, progress)
+            if moved.phase is not Phase.BARRIER:
+                return progress
+            await asyncio.sleep(BARRIER_POLL_S)
+
+
+def _delete_after(
+    before: tuple[PartitionMode, ...],
+    delete_after_before: tuple[float | None, ...],
+    after: tuple[PartitionMode, ...],
+    delete_after_seconds: float | None,
+) -> tuple[float | None, ...]:
+    """Per partition, when a newly read-only partition may be removed regardless."""
+    now = time.time()
+    result: list[float | None] = []
+    for partition, mode in enumerate(after):
+        previous = delete_after_before[partition] if partition < len(delete_after_before) else None
+        was = before[partition] if partition < len(before) else PartitionMode.REMOVED
+        if mode is PartitionMode.READ_ONLY and was is not PartitionMode.READ_ONLY:
+            previous = None if delete_after_seconds is None else now + delete_after_seconds
+        elif mode is PartitionMode.READ_WRITE:
+            previous = None
+        result.append(previous)
+    return tuple(result)

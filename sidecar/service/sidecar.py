@@ -1,0 +1,490 @@
+"""The sidecar's produce side: managed topics, barriers, holds and fencing.
+
+This is the glue between the pure core and the adapters. Per managed topic it keeps
+the topic's shared state (read from ZooKeeper) and a ``Participant`` (the core's
+decision of whether to route now, and when a barrier may be acked). Every change
+(a watch firing, a send settling, the session changing) updates both in one
+synchronous step, so a produce never sees a generation and a participant that
+disagree.
+
+Produces to a managed topic are held (never failed) while a barrier is pending or
+the ZooKeeper session is not connected; the hold ends when the generation commits,
+the barrier is removed, or ``produce.hold_timeout_s`` passes (then 503, retriable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable
+from dataclasses import dataclass, field, replace
+
+from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
+from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.config import Settings
+from sidecar.core.errors import (
+    FencedGeneration,
+    MetadataUnavailable,
+    ProduceHoldTimeout,
+    ShuttingDown,
+    SidecarError,
+    UnknownGeneration,
+    UnknownTopic,
+)
+from sidecar.core.placement import (
+    RELOCATION_HEADER,
+    place_record,
+    relocation_sources,
+    require_key_for_tombstone,
+    sidecar_headers,
+)
+from sidecar.core.procedures import Admission, Participant, SessionState
+from sidecar.core.routing import default_partition
+from sidecar.core.topics import TopicState
+from sidecar.http.produce_codec import ProduceRequest, ProduceResult, RecordFailed, RecordWritten
+from sidecar.metrics import SidecarMetrics
+
+_log = logging.getLogger(__name__)
+
+# How often the list of managed topics is re-read, so that a topic managed by another
+# sidecar is watched (and its barriers acked) within this delay.
+TOPIC_LIST_INTERVAL_S = 1.0
+
+
+@dataclass
+class ProduceOutcome:
+    """What a produce request did, for the HTTP answer."""
+
+    results: list[ProduceResult]
+    generation: int | None
+    partition_count: int | None
+
+
+@dataclass
+class TopicRuntime:
+    """One managed topic as this sidecar sees it."""
+
+    name: str
+    state: TopicState
+    participant: Participant
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    refreshing: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def notify(self) -> None:
+        """Wake everyone waiting for a change; later waiters wait for the next one."""
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+
+class Sidecar:
+    def __init__(
+        self,
+        settings: Settings,
+        store: MetadataStore,
+        kafka: KafkaGateway,
+        metrics: SidecarMetrics,
+    ) -> None:
+        self.settings = settings
+        self.sidecar_id = settings.sidecar_id
+        self.store = store
+        self.kafka = kafka
+        self.metrics = metrics
+        self.topics: dict[str, TopicRuntime] = {}
+        self._sequence = itertools.count()
+        self._unkeyed = itertools.count()
+        self._tombstones_sent: OrderedDict[tuple[bytes, str, int, int], None] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._ready = False
+
+    # Lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.kafka.start()
+        await self.store.start()
+        self.store.add_session_listener(self._on_session)
+        await self.store.register_sidecar(
+            self.sidecar_id, {"started_at": time.time(), "http_port": self.settings.http.port}
+        )
+        await self.refresh_topic_list()
+        self._spawn(self._topic_list_loop())
+        self._ready = True
+
+    async def stop(self) -> None:
+        """Stop taking produces, let the ones in flight finish, then close the adapters."""
+        self._stopping = True
+        self._ready = False
+        for runtime in self.topics.values():
+            runtime.notify()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # The gateway flushes in-flight sends before it closes.
+        await self.kafka.stop()
+        await self.store.stop()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self.store.session_state is SessionState.CONNECTED
+
+    # Managed topics -------------------------------------------------------------------------
+
+    async def runtime(self, topic: str) -> TopicRuntime | None:
+        """The managed topic's runtime, loading it on first use; None if unmanaged."""
+        existing = self.topics.get(topic)
+        if existing is not None:
+            return existing
+        try:
+            state = await self.store.read_topic(topic)
+        except UnknownTopic:
+            return None
+        return self._adopt_runtime(state)
+
+    async def refresh_topic_list(self) -> None:
+        for name in await self.store.list_topics():
+            if name not in self.topics:
+                try:
+                    self._adopt_runtime(await self.store.read_topic(name))
+                except UnknownTopic:
+                    continue  # deleted between list and read
+
+    def _adopt_runtime(self, state: TopicState) -> TopicRuntime:
+        name = state.config.name
+        if name in self.topics:
+            return self.topics[name]
+        generation = state.current
+        participant = Participant(generation.number, generation.undeleted_count)
+        runtime = TopicRuntime(name, state, participant)
+        self.topics[name] = runtime
+        self._record_generation(runtime)
+        self.store.watch_topic(name, lambda: self._spawn(self.refresh(runtime)))
+        # A barrier may already be pending: handle it as a watch would.
+        self._spawn(self.refresh(runtime))
+        return runtime
+
+    async def refresh(self, runtime: TopicRuntime) -> None:
+        """Re-read the topic and apply what changed: a commit, a barrier, a rollback."""
+        async with runtime.refreshing:
+            try:
+                state = await self.store.read_topic(runtime.name)
+            except MetadataUnavailable:
+                return  # the session listener re-reads on reconnect
+            self._apply_state(runtime, state)
+        await self._maybe_ack_barrier(runtime)
+
+    def _apply_state(self, runtime: TopicRuntime, state: TopicState) -> None:
+        participant = runtime.participant
+        if state.current.number > participant.generation:
+            participant = participant.generation_committed(state.current)
+        pending = state.pending
+        if pending is not None and pending.generation > participant.generation:
+            participant = participant.barrier_published(pending.generation)
+        elif pending is None and participant.pending_generation is not None:
+            participant = participant.barrier_removed()
+        runtime.state = state
+        runtime.participant = participant
+        self._record_generation(runtime)
+        runtime.notify()
+
+    async def _maybe_ack_barrier(self, runtime: TopicRuntime) -> None:
+        participant = runtime.participant
+        if not participant.ready_to_ack():
+            return
+        pending = participant.pending_generation
+        assert pending is not None
+        runtime.participant, acked = participant.barrier_ack()
+        try:
+            await self.store.ack_barrier(runtime.name, pending, self.sidecar_id, acked)
+        except SidecarError:
+            # Try again on the next change; the coordinator waits or times out.
+            if runtime.participant.pending_generation == pending:
+                runtime.participant = _unacked(runtime.participant)
+            return
+        self.metrics.barrier_acks.labels(runtime.name).inc()
+
+    def _on_session(self, session: SessionState) -> None:
+        self.metrics.zookeeper_connected.set(1 if session is SessionState.CONNECTED else 0)
+        for runtime in self.topics.values():
+            runtime.participant = runtime.participant.session_changed(session)
+            runtime.notify()
+        if session is SessionState.CONNECTED:
+            self._spawn(self._reload_after_reconnect())
+
+    async def _reload_after_reconnect(self) -> None:
+        """After a reconnect nothing is trusted until it has been read again."""
+        for runtime in list(self.topics.values()):
+            try:
+                state = await self.store.read_topic(runtime.name)
+            except (MetadataUnavailable, UnknownTopic):
+                continue
+            pending = state.pending.generation if state.pending else None
+            runtime.participant = runtime.participant.metadata_reloaded(state.current, pending)
+            runtime.state = state
+            self._record_generation(runtime)
+            runtime.notify()
+            await self._maybe_ack_barrier(runtime)
+
+    async def _topic_list_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TOPIC_LIST_INTERVAL_S)
+            with contextlib.suppress(MetadataUnavailable):
+                await self.refresh_topic_list()
+
+    # Produce --------------------------------------------------------------------------------
+
+    async def produce(
+        self, topic: str, request: ProduceRequest, partition: int | None = None
+    ) -> ProduceOutcome:
+        """Write ``request``'s records (to ``partition`` if the URL names one).
+
+        Raises SidecarError for what fails the whole request (fenced, held too long,
+        unknown topic); a record that fails alone gets a RecordFailed entry.
+        """
+        if self._stopping:
+            raise ShuttingDown()
+        runtime = await self.runtime(topic)
+        if runtime is None:
+            return await self._produce_unmanaged(topic, request, partition)
+        await self._wait_until_admitted(runtime)
+        self._check_expected(runtime, request)
+        return await self._produce_managed(runtime, request, partition)
+
+    async def _wait_until_admitted(self, runtime: TopicRuntime) -> None:
+        if runtime.participant.admission() is Admission.ROUTE:
+            return
+        held = self.metrics.held_requests.labels(runtime.name)
+        held.inc()
+        began = time.monotonic()
+        deadline = began + self.settings.produce.hold_timeout_s
+        try:
+            while runtime.participant.admission() is not Admission.ROUTE:
+                if self._stopping:
+                    raise ShuttingDown()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ProduceHoldTimeout(
+                        f"held {self.settings.produce.hold_timeout_s:.0f} s: "
+                        + _hold_reason(runtime.participant)
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(runtime.changed.wait(), remaining)
+        finally:
+            held.dec()
+            self.metrics.hold_seconds.labels(runtime.name).observe(time.monotonic() - began)
+
+    def _check_expected(self, runtime: TopicRuntime, request: ProduceRequest) -> None:
+        if not runtime.state.config.ordered_delivery:
+            return
+        try:
+            runtime.participant.check_expected(request.expected_generation, request.expected_count)
+        except FencedGeneration:
+            self.metrics.fenced.labels(runtime.name).inc()
+            raise
+        except UnknownGeneration:
+            self.metrics.unknown_generation.labels(runtime.name).inc()
+            # The app has seen a newer generation than this sidecar: re-read now.
+            self._spawn(self.refresh(runtime))
+            raise
+
+    async def _produce_managed(
+        self, runtime: TopicRuntime, request: ProduceRequest, partition: int | None
+    ) -> ProduceOutcome:
+        # Everything from here to the sends is synchronous: the participant that
+        # admitted the request is the one that counts its sends in flight.
+        state = runtime.state
+        generation = state.current
+        results: list[ProduceResult | None] = [None] * len(request.records)
+        outgoing: list[OutgoingKafkaRecord] = []
+        owners: list[int | None] = []  # request index of each outgoing record, None: tombstone
+        for index, record in enumerate(request.records):
+            try:
+                require_key_for_tombstone(record.key, record.value, index)
+                target = place_record(
+                    log=state.log,
+                    modes=state.modes,
+                    key=record.key,
+                    explicit_partition=partition if partition is not None else record.partition,
+                    unkeyed_index=next(self._unkeyed),
+                )
+            except SidecarError as exc:
+                results[index] = RecordFailed.from_error(exc)
+                continue
+            if state.config.compacted and record.key is not None:
+                for source in relocation_sources(
+                    log=state.log, modes=state.modes, key=record.key, partition=target
+                ):
+                    if self._first_tombstone(record.key, runtime.name, source, generation.number):
+                        outgoing.append(self._tombstone(runtime, source, record.key))
+                        owners.append(None)
+            headers = [
+                *record.headers,
+                *sidecar_headers(
+                    generation.number,
+                    generation.undeleted_count,
+                    self.sidecar_id,
+                    next(self._sequence),
+                ),
+            ]
+            outgoing.append(OutgoingKafkaRecord(target, record.key, record.value, headers))
+            owners.append(index)
+        for _ in outgoing:
+            runtime.participant = runtime.participant.send_started()
+        sent = await self.kafka.send_batch(runtime.name, outgoing)
+        for sent_record, owner, outcome in zip(outgoing, owners, sent, strict=True):
+            self._settle(runtime, sent_record, outcome)
+            if owner is None:
+                if isinstance(outcome, SentRecord):
+                    self.metrics.relocation_tombstones.labels(runtime.name).inc()
+                continue
+            results[owner] = _result(outcome)
+        await self._maybe_ack_barrier(runtime)
+        return ProduceOutcome(
+            [r for r in results if r is not None], generation.number, generation.undeleted_count
+        )
+
+    def _tombstone(self, runtime: TopicRuntime, partition: int, key: bytes) -> OutgoingKafkaRecord:
+        generation = runtime.state.current
+        headers = [
+            *sidecar_headers(
+                generation.number,
+                generation.undeleted_count,
+                self.sidecar_id,
+                next(self._sequence),
+            ),
+            (RELOCATION_HEADER, b"1"),
+        ]
+        return OutgoingKafkaRecord(partition, key, None, headers)
+
+    def _first_tombstone(self, key: bytes, topic: str, source: int, generation: int) -> bool:
+        """True the first time (within the bounded cache) for this key, source, generation."""
+        entry = (key, topic, source, generation)
+        if entry in self._tombstones_sent:
+            self._tombstones_sent.move_to_end(entry)
+            return False
+        self._tombstones_sent[entry] = None
+        if len(self._tombstones_sent) > self.settings.produce.tombstone_cache_size:
+            self._tombstones_sent.popitem(last=False)
+        return True
+
+    def _settle(
+        self, runtime: TopicRuntime, record: OutgoingKafkaRecord, outcome: SentRecord | SendFailed
+    ) -> None:
+        if isinstance(outcome, SentRecord):
+            runtime.participant = runtime.participant.send_acknowledged(
+                outcome.partition, outcome.offset
+            )
+            return
+        send_id = _sequence_of(record)
+        runtime.participant = runtime.participant.send_failed(
+            send_id, maybe_appended=outcome.maybe_appended
+        )
+        if outcome.maybe_appended:
+            self._spawn(self._resolve_uncertain(runtime, record, send_id))
+
+    async def _resolve_uncertain(
+        self, runtime: TopicRuntime, record: OutgoingKafkaRecord, send_id: int
+    ) -> None:
+        """Find out whether a send that timed out was appended after all.
+
+        The barrier cannot be acked while it is unresolved: the record might land
+        after the boundary was read. The idempotent producer keeps retrying such a
+        batch after its future timed out; once the producer has flushed, the record
+        has landed or never will, and a search of the partition from the last
+        acknowledged offset settles which.
+        """
+        while True:
+            try:
+                await self.kafka.flush()
+                break
+            except Exception:
+                await asyncio.sleep(1.0)
+        while True:
+            try:
+                start = runtime.participant.acked_next.get(record.partition, 0)
+                offset = await self.kafka.find_sent(
+                    runtime.name, record.partition, start, self.sidecar_id, send_id
+                )
+                break
+            except SidecarError:
+                await asyncio.sleep(1.0)
+        landed = None if offset is None else (record.partition, offset)
+        runtime.participant = runtime.participant.uncertain_resolved(send_id, landed)
+        await self._maybe_ack_barrier(runtime)
+
+    async def _produce_unmanaged(
+        self, topic: str, request: ProduceRequest, partition: int | None
+    ) -> ProduceOutcome:
+        """A plain proxy: Kafka's default partitioner (murmur2, as the Java client)."""
+        count = await self.kafka.partition_count(topic)
+        results: list[ProduceResult | None] = [None] * len(request.records)
+        outgoing: list[OutgoingKafkaRecord] = []
+        owners: list[int] = []
+        for index, record in enumerate(request.records):
+            try:
+                require_key_for_tombstone(record.key, record.value, index)
+            except SidecarError as exc:
+                results[index] = RecordFailed.from_error(exc)
+                continue
+            target = partition if partition is not None else record.partition
+            if target is None:
+                target = (
+                    default_partition(record.key, count)
+                    if record.key is not None
+                    else next(self._unkeyed) % count
+                )
+            elif not 0 <= target < count:
+                results[index] = RecordFailed(40402, f"partition {target} does not exist")
+                continue
+            outgoing.append(OutgoingKafkaRecord(target, record.key, record.value, record.headers))
+            owners.append(index)
+        for owner, outcome in zip(
+            owners, await self.kafka.send_batch(topic, outgoing), strict=True
+        ):
+            results[owner] = _result(outcome)
+        return ProduceOutcome([r for r in results if r is not None], None, None)
+
+    # Helpers --------------------------------------------------------------------------------
+
+    def _record_generation(self, runtime: TopicRuntime) -> None:
+        self.metrics.generation.labels(runtime.name).set(runtime.participant.generation)
+        self.metrics.partition_count.labels(runtime.name).set(runtime.participant.undeleted_count)
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _log.error("background task failed", exc_info=task.exception())
+
+
+def _result(outcome: SentRecord | SendFailed) -> ProduceResult:
+    if isinstance(outcome, SentRecord):
+        return RecordWritten(outcome.partition, outcome.offset)
+    code = 50002 if outcome.maybe_appended else 50001
+    return RecordFailed(code, str(outcome))
+
+
+def _sequence_of(record: OutgoingKafkaRecord) -> int:
+    for name, value in record.headers:
+        if name == "ordered.sequence" and value is not None:
+            return int(value)
+    raise AssertionError("a managed record without a sequence header")
+
+
+def _unacked(participant: Participant) -> Participant:
+    return replace(participant, barrier_acked=False)
+
+
+def _hold_reason(participant: Participant) -> str:
+    if participant.session is not SessionState.CONNECTED:
+        return f"the ZooKeeper session is {participant.session.value}"
+    if not participant.metadata_fresh:
+        return "the topic metadata is being re-read after a reconnect"
+    return f"generation {participant.pending_generation} is being committed"

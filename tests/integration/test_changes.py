@@ -1,0 +1,209 @@
+"""Expansion and shrink through real sidecars, under load, against the real cluster.
+
+The central check: no record is written across a barrier. Every record carries the
+generation it was routed with (``ordered.generation``); the generation log says which
+generation its offset belongs to (``generation_of``). They must be equal for every
+record in every partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import defaultdict
+
+from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
+from sidecar.core.routing import partition_for_key
+from sidecar.core.serialization import generation_from_json, log_from_generations
+from sidecar.core.topics import PendingBarrier
+from sidecar.devcluster.provider import ClusterEndpoints
+from tests.integration.sidecars import RunningSidecar, header, read_all, running_sidecars, unique
+
+
+async def _describe(sidecar: RunningSidecar, topic: str) -> dict[str, object]:
+    status, body = await sidecar.admin("GET", f"/admin/topics/{topic}")
+    assert status == 200, body
+    return body
+
+
+def _log_of(description: dict[str, object]):  # type: ignore[no-untyped-def]
+    config = description["config"]
+    assert isinstance(config, dict)
+    generations = description["generations"]
+    assert isinstance(generations, list)
+    return log_from_generations(
+        config["initial_count"], [generation_from_json(g) for g in generations]
+    )
+
+
+async def _produce_until(
+    sidecar: RunningSidecar, topic: str, keys: list[str], stop: asyncio.Event, log: list[str]
+) -> tuple[int, int]:
+    """Produce keyed batches until ``stop``; returns (records written, requests failed)."""
+    written = failed = 0
+    sequence = 0
+    while not stop.is_set():
+        records = [{"key": key, "value": {"seq": sequence, "by": sidecar.id}} for key in keys]
+        sequence += 1
+        status, body = await sidecar.produce(topic, records)
+        if status != 200:
+            failed += 1
+            log.append(f"{sidecar.id}: {status} {body}")
+            continue
+        written += sum(1 for entry in body["offsets"] if entry["error_code"] is None)
+    return written, failed
+
+
+async def test_expansion_and_shrink_under_load_never_write_across_a_barrier(
+    cluster: ClusterEndpoints,
+) -> None:
+    topic = unique("grow")
+    keys = [f"key-{i}" for i in range(24)]
+    async with running_sidecars(cluster, 3) as sidecars:
+        await sidecars[0].create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        stop = asyncio.Event()
+        errors: list[str] = []
+        producers = [
+            asyncio.create_task(_produce_until(s, topic, keys[i::3], stop, errors))
+            for i, s in enumerate(sidecars)
+        ]
+        try:
+            await asyncio.sleep(0.5)
+            # Expansions and a shrink, coordinated by different sidecars, while all produce.
+            for coordinator, count in ((0, 3), (1, 5), (2, 8), (0, 4)):
+                began = time.monotonic()
+                operation = await sidecars[coordinator].change_count(topic, count)
+                assert operation["phase"] == "done", operation
+                assert time.monotonic() - began < 20
+                await asyncio.sleep(0.3)
+        finally:
+            stop.set()
+            outcomes = await asyncio.gather(*producers)
+        assert errors == []
+        assert all(failed == 0 for _, failed in outcomes)
+        written = sum(w for w, _ in outcomes)
+        description = await _describe(sidecars[0], topic)
+
+    log = _log_of(description)
+    assert [g.undeleted_count for g in log.generations] == [2, 3, 5, 8, 4]
+    partitions = description["partitions"]
+    assert isinstance(partitions, list)
+    modes = [p["mode"] for p in partitions]
+    assert modes[:4] == ["read_write"] * 4
+    assert set(modes[4:]) <= {"read_only", "removed"}
+
+    stored = await read_all(cluster, topic, 8)
+    assert sum(len(rs) for rs in stored.values()) == written
+    per_key: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
+    for partition, records in stored.items():
+        for record in records:
+            routed_with = int(header(record, "ordered.generation") or b"-1")
+            lies_in = log.generation_of(partition, record.offset)
+            assert routed_with == lies_in, (
+                f"partition {partition} offset {record.offset} was routed with generation "
+                f"{routed_with} but lies in generation {lies_in}"
+            )
+            count = int(header(record, "ordered.count") or b"0")
+            assert record.key is not None
+            assert partition == partition_for_key(record.key, 2, count)
+            per_key[record.key].append((routed_with, json.loads(record.value)["seq"]))
+    # Within one producer, a key's sequence never goes back across generations.
+    for key, seen in per_key.items():
+        by_generation = sorted(seen)
+        assert [s for _, s in by_generation] == sorted(s for _, s in by_generation), key
+
+
+async def test_validate_only_and_invalid_counts_change_nothing(cluster: ClusterEndpoints) -> None:
+    topic = unique("validate")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 4, replication_factor=cluster.replication_factor)
+        planned = await sidecar.change_count(topic, 6, validate_only=True)
+        assert (planned["validate_only"], planned["target_count"]) == (True, 6)
+        for count in (4, 3, 10_001):
+            status, body = await sidecar.admin(
+                "POST", f"/admin/topics/{topic}/partition-count", {"count": count}
+            )
+            assert (status, body["error_code"]) == (422, 42210), body
+        description = await _describe(sidecar, topic)
+        assert description["generation"] == 0
+        assert description["physical_count"] == 4
+        assert description["operation"] is None
+
+
+async def test_a_change_left_by_a_dead_coordinator_is_finished(cluster: ClusterEndpoints) -> None:
+    topic = unique("orphan")
+    async with running_sidecars(cluster, 2) as sidecars:
+        await sidecars[0].create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        store = sidecars[0].server.store
+        # What a coordinator that died right after publishing the barrier leaves behind.
+        orphan = Operation(
+            topic=topic,
+            kind=OperationKind.EXPAND,
+            from_generation=0,
+            from_count=2,
+            target_count=3,
+            phase=Phase.BARRIER,
+            coordinator=SidecarId("dead-sidecar"),
+            started_at=time.time(),
+            barrier_deadline=time.time() + 20,
+            physical_count=3,
+            previous_boundaries=(0, 0),
+        )
+        await sidecars[0].server.kafka.create_partitions(topic, 3)
+        await store.save_operation(orphan)
+        await store.publish_barrier(topic, PendingBarrier(1, 3))
+        # Once a sidecar has seen the barrier its produces hold, and complete with the
+        # new generation when a live sidecar has finished the change.
+        watcher = sidecars[1].server.sidecar
+        deadline = time.monotonic() + 10
+        while not (
+            topic in watcher.topics and watcher.topics[topic].participant.pending_generation == 1
+        ):
+            assert time.monotonic() < deadline, "the barrier was never seen"
+            await asyncio.sleep(0.01)
+        status, body = await sidecars[1].produce(topic, [{"key": "k", "value": 1}])
+        assert status == 200, body
+        assert body["generation"] == 1
+        description = await _describe(sidecars[0], topic)
+        assert description["undeleted_count"] == 3
+        operation = description["operation"]
+        assert isinstance(operation, dict)
+        assert operation["phase"] == "done"
+        assert operation["coordinator"] == "dead-sidecar"
+
+
+async def test_compacted_topics_get_relocation_tombstones(cluster: ClusterEndpoints) -> None:
+    topic = unique("compact")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(
+            topic, 2, replication_factor=cluster.replication_factor, compacted=True
+        )
+        await sidecar.change_count(topic, 3)
+        keys = [f"k{i}" for i in range(40)]
+        moved = [
+            k
+            for k in keys
+            if partition_for_key(json.dumps(k).encode(), 2, 2)
+            != partition_for_key(json.dumps(k).encode(), 2, 3)
+        ]
+        assert moved
+        for _ in range(2):  # the second round must not repeat the tombstones
+            status, body = await sidecar.produce(topic, [{"key": k, "value": 1} for k in keys])
+            assert status == 200, body
+        tombstones = sidecar.server.metrics.relocation_tombstones.labels(topic)._value.get()
+    assert tombstones == len(moved)
+    stored = await read_all(cluster, topic, 3)
+    relocations = [
+        (partition, record.key)
+        for partition, records in stored.items()
+        for record in records
+        if header(record, "ordered.relocation") == b"1"
+    ]
+    assert sorted(relocations) == sorted(
+        (partition_for_key(json.dumps(k).encode(), 2, 2), json.dumps(k).encode()) for k in moved
+    )
+    for _partition, records in stored.items():
+        for record in records:
+            if header(record, "ordered.relocation") == b"1":
+                assert record.value is None

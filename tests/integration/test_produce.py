@@ -1,0 +1,222 @@
+"""The produce path through a real sidecar: routing, headers, fencing, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from sidecar.core.routing import default_partition, partition_for_key
+from sidecar.devcluster.provider import ClusterEndpoints
+from tests.integration.sidecars import (
+    BINARY_V2,
+    JSON_V2,
+    b64,
+    header,
+    read_all,
+    running_sidecars,
+    unique,
+)
+
+
+async def test_unmanaged_topics_route_like_the_java_producer(cluster: ClusterEndpoints) -> None:
+    topic = unique("plain")
+    admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 5, cluster.replication_factor)])
+    finally:
+        await admin.close()
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        keys = [f"k{i}" for i in range(30)]
+        status, body = await sidecar.produce(
+            topic,
+            [{"key": b64(k.encode()), "value": b64(b"v")} for k in keys],
+            content_type=BINARY_V2,
+        )
+    assert status == 200, body
+    assert "generation" not in body
+    assert [entry["partition"] for entry in body["offsets"]] == [
+        default_partition(k.encode(), 5) for k in keys
+    ]
+    stored = await read_all(cluster, topic, 5)
+    assert all(header(r, "ordered.generation") is None for rs in stored.values() for r in rs)
+
+
+async def test_managed_topics_route_by_linear_hashing_with_headers(
+    cluster: ClusterEndpoints,
+) -> None:
+    topic = unique("managed")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        created = await sidecar.create_topic(
+            topic, 3, replication_factor=cluster.replication_factor
+        )
+        assert created["generation"] == 0
+        assert created["undeleted_count"] == 3
+        records: list[dict[str, Any]] = [{"key": f"user-{i}", "value": {"n": i}} for i in range(20)]
+        records.append({"key": "deleted-user", "value": None})
+        status, body = await sidecar.produce(topic, records)
+        assert status == 200, body
+        assert body["generation"] == 0
+        assert body["partition_count"] == 3
+        for record, entry in zip(records, body["offsets"], strict=True):
+            key = json.dumps(record["key"]).encode()
+            assert entry["partition"] == partition_for_key(key, 3, 3)
+        sidecar_id = sidecar.id
+    stored = await read_all(cluster, topic, 3)
+    everything = [r for rs in stored.values() for r in rs]
+    assert len(everything) == 21
+    sequences = set()
+    for record in everything:
+        assert header(record, "ordered.generation") == b"0"
+        assert header(record, "ordered.count") == b"3"
+        assert header(record, "ordered.sidecar") == sidecar_id.encode()
+        sequences.add(header(record, "ordered.sequence"))
+    assert len(sequences) == 21
+    tombstone = next(r for r in everything if r.key == b'"deleted-user"')
+    assert tombstone.value is None
+
+
+async def test_expected_generation_and_count_are_fenced(cluster: ClusterEndpoints) -> None:
+    topic = unique("fenced")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        await sidecar.change_count(topic, 3)
+        record = [{"key": "k", "value": 1}]
+
+        status, body = await sidecar.produce(topic, record, extra={"expected_generation": 0})
+        assert status == 409
+        assert body["error_code"] == 40910
+        assert body["retriable"] is True
+        assert (body["current_generation"], body["current_count"]) == (1, 3)
+
+        status, body = await sidecar.produce(topic, record, headers={"Ordered-Expected-Count": "2"})
+        assert (status, body["error_code"]) == (409, 40910)
+
+        status, body = await sidecar.produce(topic, record, extra={"expected_generation": 9})
+        assert (status, body["error_code"], body["retriable"]) == (503, 50310, True)
+
+        status, body = await sidecar.produce(
+            topic, record, extra={"expected_generation": 1, "expected_partition_count": 3}
+        )
+        assert status == 200, body
+        assert body["generation"] == 1
+
+        metrics = sidecar.server.metrics
+        assert metrics.fenced.labels(topic)._value.get() == 2
+        assert metrics.unknown_generation.labels(topic)._value.get() == 1
+
+
+async def test_bad_requests_get_a_status_a_code_and_a_message(cluster: ClusterEndpoints) -> None:
+    topic = unique("bad")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        http = sidecar.http
+        cases: list[tuple[str, str, bytes, int, int]] = [
+            (f"/topics/{topic}", JSON_V2, b"{not json", 400, 40001),
+            (f"/topics/{topic}", "text/plain", b"{}", 415, 41501),
+            (f"/topics/{topic}", JSON_V2, b'{"records": [], "x": 1}', 400, 40001),
+            (f"/topics/{topic}", BINARY_V2, b'{"records": [{"value": "***"}]}', 422, 42201),
+            (f"/topics/{unique('missing')}", JSON_V2, b'{"records": [{"value": 1}]}', 404, 40401),
+            (f"/topics/{topic}/partitions/x", JSON_V2, b'{"records": [{"value": 1}]}', 404, 40402),
+            ("/no/such/route", JSON_V2, b"{}", 404, 40400),
+        ]
+        for path, content_type, body, status, code in cases:
+            async with http.post(path, data=body, headers={"Content-Type": content_type}) as r:
+                answer = await r.json(content_type=None)
+            assert (r.status, answer["error_code"]) == (status, code), (path, body, answer)
+            assert answer["message"]
+
+        # A record to a partition that does not exist fails alone; the others are written.
+        status, answer = await sidecar.produce(
+            topic, [{"value": 1}, {"value": 2, "partition": 7}, {"value": 3}]
+        )
+        assert status == 200
+        codes = [entry["error_code"] for entry in answer["offsets"]]
+        assert codes == [None, 40402, None]
+        stored = await read_all(cluster, topic, 2)
+        assert sorted(json.loads(r.value) for rs in stored.values() for r in rs) == [1, 3]
+
+
+async def test_admin_api_is_token_protected(cluster: ClusterEndpoints) -> None:
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        status, body = await sidecar.admin("GET", "/admin/topics/x", token="wrong")
+        assert (status, body["error_code"]) == (403, 40301)
+        status, body = await sidecar.admin(
+            "POST", "/admin/topics", {"name": "a/b", "partitions": 1}
+        )
+        assert (status, body["error_code"]) == (400, 40001)
+        status, body = await sidecar.admin("POST", "/admin/topics", {"name": "ok", "partitions": 0})
+        assert (status, body["error_code"]) == (422, 42210)
+        status, body = await sidecar.admin("GET", f"/admin/topics/{unique('none')}")
+        assert (status, body["error_code"]) == (404, 40401)
+
+
+async def test_idempotency_key_writes_a_retry_once(cluster: ClusterEndpoints) -> None:
+    topic = unique("idem")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 1, replication_factor=cluster.replication_factor)
+        first = await sidecar.produce(topic, [{"value": 1}], headers={"Idempotency-Key": "abc"})
+        again = await sidecar.produce(topic, [{"value": 1}], headers={"Idempotency-Key": "abc"})
+        other = await sidecar.produce(topic, [{"value": 2}], headers={"Idempotency-Key": "abc"})
+    assert first == again
+    assert other[0] == 422
+    assert other[1]["error_code"] == 42202
+    stored = await read_all(cluster, topic, 1)
+    assert len(stored[0]) == 1
+
+
+async def test_health_readiness_metrics_and_openapi(cluster: ClusterEndpoints) -> None:
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        for path, status in (("/healthz", 200), ("/readyz", 200), ("/openapi.json", 200)):
+            async with sidecar.http.get(path) as response:
+                assert response.status == status
+        async with sidecar.http.get("/openapi.json") as response:
+            document = await response.json()
+        assert "/topics/{topic}" in document["paths"]
+        await sidecar.produce(unique("missing"), [{"value": 1}])
+        async with sidecar.http.get("/metrics") as response:
+            text = await response.text()
+        assert "sidecar_produce_requests_total" in text
+        assert 'outcome="40401"' in text
+
+
+async def test_graceful_stop_answers_requests_in_progress(cluster: ClusterEndpoints) -> None:
+    topic = unique("stop")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        session = aiohttp.ClientSession(sidecar.server.url)
+        try:
+            records = [{"key": f"k{i}", "value": i} for i in range(200)]
+            pending = [
+                asyncio.create_task(
+                    session.post(
+                        f"/topics/{topic}",
+                        data=json.dumps({"records": records}),
+                        headers={"Content-Type": JSON_V2},
+                    )
+                )
+                for _ in range(5)
+            ]
+            await asyncio.sleep(0.01)
+            await sidecar.server.stop()
+            answered = 0
+            for task in pending:
+                try:
+                    response = await task
+                except aiohttp.ClientError:
+                    continue  # refused before it was accepted: nothing was written
+                body = await response.json(content_type=None)
+                if response.status == 200:
+                    assert all(e["error_code"] is None for e in body["offsets"])
+                    answered += 1
+                else:
+                    assert body["error_code"] == 50301
+        finally:
+            await session.close()
+    stored = await read_all(cluster, topic, 2)
+    # Every request answered 200 is fully in Kafka; no request is half-written.
+    assert sum(len(rs) for rs in stored.values()) == 200 * answered

@@ -1,0 +1,306 @@
+"""The ZooKeeper metadata store against the real ZooKeeper of the test cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from kazoo.client import KazooClient
+
+from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.core.errors import (
+    MetadataUnavailable,
+    OperationInProgress,
+    TopicAlreadyManaged,
+    UnknownTopic,
+)
+from sidecar.core.generations import Boundary, GenerationLog, PartitionMode, modes_after_commit
+from sidecar.core.procedures import Operation, OperationKind, Phase, SessionState, SidecarId
+from sidecar.core.topics import PendingBarrier, TopicConfig
+from sidecar.devcluster.provider import ClusterEndpoints
+
+RW = PartitionMode.READ_WRITE
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def root() -> str:
+    return f"/t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def store(cluster: ClusterEndpoints, root: str) -> AsyncIterator[MetadataStore]:
+    async with _started(cluster, root) as started:
+        yield started
+
+
+@asynccontextmanager
+async def _started(
+    cluster: ClusterEndpoints, root: str, session_timeout_s: float = 10.0
+) -> AsyncIterator[MetadataStore]:
+    store = MetadataStore(cluster.zookeeper_hosts, root=root, session_timeout_s=session_timeout_s)
+    await store.start()
+    try:
+        yield store
+    finally:
+        await store.stop()
+
+
+async def _managed_topic(store: MetadataStore, name: str = "orders") -> GenerationLog:
+    log = GenerationLog.start(2)
+    await store.create_topic(TopicConfig(name, 2, 1), log.current, (RW, RW))
+    return log
+
+
+def _operation(topic: str, phase: Phase = Phase.BARRIER) -> Operation:
+    return Operation(
+        topic=topic,
+        kind=OperationKind.EXPAND,
+        from_generation=0,
+        from_count=2,
+        target_count=3,
+        phase=phase,
+        coordinator=SidecarId("coordinator"),
+        started_at=1000.0,
+        barrier_deadline=1030.0,
+        physical_count=3,
+        previous_boundaries=(0, 0),
+    )
+
+
+class _Changes:
+    """Counts watch callbacks."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+
+    def __call__(self) -> None:
+        self.count += 1
+        self._changed.set()
+
+    async def reach(self, count: int) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while self.count < count:
+                await self._changed.wait()
+                self._changed.clear()
+
+
+async def _until_registered(store: MetadataStore, sidecar_id: str) -> None:
+    # After an expired session the registration comes back in the background.
+    async with asyncio.timeout(WAIT_S):
+        while sidecar_id not in await store.live_sidecars():  # noqa: ASYNC110 (no event to await)
+            await asyncio.sleep(0.1)
+
+
+async def _next_state(states: asyncio.Queue[SessionState], wanted: SessionState) -> None:
+    async with asyncio.timeout(30.0):
+        while await states.get() is not wanted:
+            pass
+
+
+# Topics ---------------------------------------------------------------------------------
+
+
+async def test_create_and_read_round_trip(store: MetadataStore) -> None:
+    log = await _managed_topic(store)
+
+    state = await store.read_topic("orders")
+
+    assert state.config == TopicConfig("orders", 2, 1)
+    assert state.log == log
+    assert state.modes == (RW, RW)
+    assert state.delete_after == (None, None)
+    assert state.pending is None
+    assert state.operation is None
+    assert await store.list_topics() == ["orders"]
+
+
+async def test_create_twice_is_refused(store: MetadataStore) -> None:
+    await _managed_topic(store)
+    with pytest.raises(TopicAlreadyManaged):
+        await _managed_topic(store)
+
+
+async def test_unknown_topic(store: MetadataStore) -> None:
+    with pytest.raises(UnknownTopic):
+        await store.read_topic("missing")
+    with pytest.raises(UnknownTopic):
+        await store.publish_barrier("missing", PendingBarrier(1, 3))
+    with pytest.raises(UnknownTopic):
+        await store.set_partitions("missing", (RW,), (None,))
+    assert await store.read_operation("missing") is None
+
+
+async def test_set_partitions(store: MetadataStore) -> None:
+    await _managed_topic(store)
+    await store.set_partitions("orders", (RW, PartitionMode.READ_ONLY), (None, 1234.5))
+    state = await store.read_topic("orders")
+    assert state.modes == (RW, PartitionMode.READ_ONLY)
+    assert state.delete_after == (None, 1234.5)
+
+
+async def test_operation_journal(store: MetadataStore) -> None:
+    await _managed_topic(store)
+    operation = _operation("orders")
+    await store.save_operation(operation)
+    assert await store.read_operation("orders") == operation
+    finished = dataclasses.replace(operation, phase=Phase.DONE, outcome="expanded to 3")
+    await store.save_operation(finished)
+    assert await store.read_operation("orders") == finished
+    assert (await store.read_topic("orders")).operation == finished
+
+
+# Barrier and commit ---------------------------------------------------------------------
+
+
+async def test_barrier_then_commit(store: MetadataStore) -> None:
+    log = await _managed_topic(store)
+    pending = PendingBarrier(generation=1, target_count=3)
+    await store.publish_barrier("orders", pending)
+    await store.publish_barrier("orders", pending)  # a resumed coordinator
+    assert (await store.read_topic("orders")).pending == pending
+
+    await store.ack_barrier("orders", 1, "a", {0: 4, 1: 6})
+    await store.ack_barrier("orders", 1, "a", {0: 5, 1: 7})
+    await store.ack_barrier("orders", 1, "b", {})
+    assert await store.barrier_acks("orders", 1) == {"a": {0: 5, 1: 7}, "b": {}}
+
+    generation = log.next_generation(3, [Boundary(5), Boundary(7, 2), Boundary(0)])
+    modes = modes_after_commit((RW, RW), generation)
+    done = _operation("orders", Phase.DONE)
+    await store.commit_generation("orders", generation, modes, (None,) * 3, done)
+
+    state = await store.read_topic("orders")
+    assert state.log == log.append(generation)
+    assert state.modes == (RW, RW, RW)
+    assert state.delete_after == (None, None, None)
+    assert state.pending is None
+    assert state.operation == done
+    assert await store.barrier_acks("orders", 1) == {}
+
+    # Re-committing (a resumed coordinator) changes nothing, a late ack is dropped.
+    await store.commit_generation("orders", generation, modes, (None,) * 3, done)
+    await store.ack_barrier("orders", 1, "c", {0: 5})
+    assert await store.read_topic("orders") == state
+    assert await store.barrier_acks("orders", 1) == {}
+
+    skipping = log.append(generation).next_generation(4, [Boundary(9)] * 4)
+    with pytest.raises(ValueError, match="cannot follow"):
+        await store.commit_generation(
+            "orders", dataclasses.replace(skipping, number=3), (RW,) * 4, (None,) * 4, done
+        )
+
+
+async def test_remove_barrier(store: MetadataStore) -> None:
+    await _managed_topic(store)
+    await store.publish_barrier("orders", PendingBarrier(1, 3))
+    with pytest.raises(OperationInProgress):
+        await store.publish_barrier("orders", PendingBarrier(1, 4))
+    await store.ack_barrier("orders", 1, "a", {0: 1})
+
+    await store.remove_barrier("orders", 2)  # not the pending one: kept
+    assert (await store.read_topic("orders")).pending == PendingBarrier(1, 3)
+
+    await store.remove_barrier("orders", 1)
+    await store.remove_barrier("orders", 1)
+    assert (await store.read_topic("orders")).pending is None
+    assert await store.barrier_acks("orders", 1) == {}
+
+    # A new attempt at the same generation starts without acks.
+    await store.publish_barrier("orders", PendingBarrier(1, 4))
+    assert await store.barrier_acks("orders", 1) == {}
+
+
+async def test_watch_fires_on_barrier_and_commit(store: MetadataStore) -> None:
+    log = await _managed_topic(store)
+    changes = _Changes()
+    store.watch_topic("orders", changes)
+    await changes.reach(3)  # one initial call per watched node
+
+    await store.publish_barrier("orders", PendingBarrier(1, 3))
+    await changes.reach(4)  # pending created
+
+    generation = log.next_generation(3, [Boundary(1)] * 3)
+    modes = modes_after_commit((RW, RW), generation)
+    done = _operation("orders", Phase.DONE)
+    await store.commit_generation("orders", generation, modes, (None,) * 3, done)
+    await changes.reach(7)  # topic and partitions set, pending deleted
+
+    # The watches persist after firing.
+    await store.set_partitions("orders", modes, (None,) * 3)
+    await changes.reach(8)
+    await asyncio.sleep(0.2)
+    assert changes.count == 8
+
+
+# Sidecars, lock, session ----------------------------------------------------------------
+
+
+async def test_live_sidecars(cluster: ClusterEndpoints, root: str, store: MetadataStore) -> None:
+    await store.register_sidecar("a", {"http_port": 1})
+    async with _started(cluster, root) as other:
+        await other.register_sidecar("b", {"http_port": 2})
+        assert await store.live_sidecars() == {"a", "b"}
+    assert await store.live_sidecars() == {"a"}
+
+
+async def test_lock_contention(cluster: ClusterEndpoints, root: str, store: MetadataStore) -> None:
+    async with _started(cluster, root) as other:
+        async with store.lock("orders", "a", timeout=5.0):
+            with pytest.raises(OperationInProgress):
+                async with other.lock("orders", "b", timeout=0.5):
+                    pass
+        async with other.lock("orders", "b", timeout=5.0):
+            pass
+
+
+async def test_start_fails_without_zookeeper() -> None:
+    store = MetadataStore("127.0.0.1:1")
+    with pytest.raises(MetadataUnavailable):
+        await store.start(timeout=1.0)
+
+
+async def test_suspended_then_reconnected(cluster: ClusterEndpoints, root: str) -> None:
+    if cluster.local is None:
+        pytest.skip("stopping ZooKeeper needs the local cluster")
+    local = cluster.local
+    states: asyncio.Queue[SessionState] = asyncio.Queue()
+    async with _started(cluster, root, session_timeout_s=4.0) as store:
+        store.add_session_listener(states.put_nowait)
+        await store.register_sidecar("a", {})
+        try:
+            await asyncio.to_thread(local.stop_zookeeper)
+            await _next_state(states, SessionState.SUSPENDED)
+            with pytest.raises(MetadataUnavailable):
+                await store.live_sidecars()
+        finally:
+            await asyncio.to_thread(local.start_zookeeper)
+        await _next_state(states, SessionState.CONNECTED)
+        assert store.session_state is SessionState.CONNECTED
+        await _until_registered(store, "a")
+
+
+async def test_registration_survives_an_expired_session(
+    cluster: ClusterEndpoints, root: str
+) -> None:
+    states: asyncio.Queue[SessionState] = asyncio.Queue()
+    async with _started(cluster, root, session_timeout_s=4.0) as store:
+        store.add_session_listener(states.put_nowait)
+        await store.register_sidecar("a", {"http_port": 1})
+        # ZooKeeper's classic way to expire a session: another client joins it and
+        # closes it.
+        session = store._client.client_id
+        intruder = KazooClient(hosts=cluster.zookeeper_hosts, client_id=session)
+        await asyncio.to_thread(intruder.start)
+        await asyncio.to_thread(intruder.stop)
+        await asyncio.to_thread(intruder.close)
+
+        await _next_state(states, SessionState.LOST)
+        await _next_state(states, SessionState.CONNECTED)
+
+        await _until_registered(store, "a")
