@@ -110,7 +110,11 @@ async def _call(
 
 
 async def _change(session: aiohttp.ClientSession, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"count": args.count, "validate_only": args.validate_only}
+    body: dict[str, Any] = {
+        "count": args.count,
+        "kind": args.action,
+        "validate_only": args.validate_only,
+    }
     if getattr(args, "delete_after_seconds", None) is not None:
         body["delete_after_seconds"] = args.delete_after_seconds
     path = f"/admin/topics/{args.topic}/partition-count"

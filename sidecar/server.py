@@ -26,12 +26,14 @@ from sidecar.http.app import build_app
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
+from sidecar.service.retirement import Retirer
 from sidecar.service.sidecar import Sidecar
 
 _log = logging.getLogger(__name__)
 
-ABANDONED_CHECK_S = 2.0
-"""How often a sidecar looks for changes whose coordinator died, to finish them."""
+HOUSEKEEPING_S = 2.0
+"""How often a sidecar looks for changes whose coordinator died and for partitions to
+retire (every sidecar does; the topic lock makes one of them act)."""
 SHUTDOWN_GRACE_S = 30.0
 
 
@@ -54,6 +56,7 @@ class SidecarServer:
             self.metrics,
             barrier_timeout_s=settings.produce.barrier_timeout_s,
         )
+        self.retirer = Retirer(settings.sidecar_id, self.store, self.kafka, self.metrics)
         self.app = build_app(settings, self.sidecar, self.admin, self.changes, self.metrics)
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task[None] | None = None
@@ -75,7 +78,7 @@ class SidecarServer:
         server = site._server  # the bound port, when the configured port is 0
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self.settings.http.port
-        self._janitor = asyncio.create_task(self._finish_abandoned_changes())
+        self._janitor = asyncio.create_task(self._housekeeping())
         _log.info("sidecar %s listening on %s", self.settings.sidecar_id, self.url)
 
     async def stop(self) -> None:
@@ -90,15 +93,17 @@ class SidecarServer:
             await self._runner.cleanup()  # stops accepting, waits for handlers
         await self.sidecar.stop()
 
-    async def _finish_abandoned_changes(self) -> None:
+    async def _housekeeping(self) -> None:
+        """Finish changes whose coordinator died, and retire drained partitions."""
         while True:
-            await asyncio.sleep(ABANDONED_CHECK_S)
+            await asyncio.sleep(HOUSEKEEPING_S)
             for topic in list(self.sidecar.topics):
                 try:
                     await self.changes.resume_abandoned(topic)
+                    await self.retirer.retire(topic)
                 except SidecarError as exc:
                     # Another sidecar holds the lock or ZooKeeper is away: next round.
-                    _log.debug("not resuming %s now: %s", topic, exc.message)
+                    _log.debug("housekeeping of %s deferred: %s", topic, exc.message)
 
 
 async def serve(settings: Settings) -> None:

@@ -11,6 +11,7 @@ in the shapes of ``sidecar.core.serialization``::
     <root>/topics/<t>/barrier/<g>/<id>       {"acked": {"<partition>": next_offset}}
     <root>/ops/<t>                           journal of the change in progress (or last done)
     <root>/locks/<t>                         kazoo Lock recipe: one change at a time
+    <root>/groups/<group>                    a consumer group some sidecar consumes for
 
 A commit changes the generation log, the current generation, the modes, the pending
 barrier and the journal in one multi-op transaction, so a reader never sees half of it.
@@ -181,6 +182,14 @@ class MetadataStore:
     async def live_sidecars(self) -> frozenset[SidecarId]:
         children = await self._run(self._client.get_children, f"{self._root}/sidecars")
         return frozenset(SidecarId(child) for child in children)
+
+    async def known_groups(self) -> list[str]:
+        """Consumer groups registered by sidecars: the groups retirement waits for."""
+        return sorted(await self._run(self._client.get_children, f"{self._root}/groups"))
+
+    async def register_group(self, group: str) -> None:
+        """Record that ``group`` consumes through the sidecars (persistent, idempotent)."""
+        await self._run(self._client.ensure_path, f"{self._root}/groups/{group}")
 
     def _create_ephemeral(self, path: str, data: bytes) -> None:
         try:
@@ -504,7 +513,7 @@ class MetadataStore:
         task.add_done_callback(self._tasks.discard)
 
     def _ensure_layout(self) -> None:
-        for child in ("sidecars", "topics", "ops", "locks"):
+        for child in ("sidecars", "topics", "ops", "locks", "groups"):
             self._client.ensure_path(f"{self._root}/{child}")
 
     def _delete_tree(self, path: str) -> None:

@@ -35,7 +35,7 @@ from sidecar.core.errors import (
     SidecarError,
     UnknownPartition,
 )
-from sidecar.core.procedures import Phase
+from sidecar.core.procedures import OperationKind, Phase
 from sidecar.core.serialization import operation_to_json
 from sidecar.http.error_map import errors_middleware
 from sidecar.http.produce_codec import (
@@ -286,8 +286,11 @@ async def admin_change_count(request: web.Request) -> web.Response:
     """Expand or shrink to an absolute count (KIP-195 ``increaseTo``); answers when done."""
     _authorize(request)
     document = await _json_object(
-        request, {"count", "validate_only", "delete_after_seconds"}, {"count"}
+        request, {"count", "kind", "validate_only", "delete_after_seconds"}, {"count"}
     )
+    kind = _field(document, "kind", str)
+    if kind is not None and kind not in {k.value for k in OperationKind}:
+        raise BadRequest(f"kind must be expand or shrink, got {json.dumps(kind)}")
     delete_after = _field(document, "delete_after_seconds", float)
     if delete_after is not None and delete_after < 0:
         raise BadRequest("delete_after_seconds must not be negative")
@@ -296,6 +299,7 @@ async def admin_change_count(request: web.Request) -> web.Response:
         target_count=_field(document, "count", int),
         validate_only=_field(document, "validate_only", bool, False),
         delete_after_seconds=delete_after,
+        kind=None if kind is None else OperationKind(kind),
     )
     operation = await request.app[CHANGES_KEY].change(change)
     if not change.validate_only and operation.phase is not Phase.DONE:

@@ -62,6 +62,9 @@ class ChangeRequest:
     target_count: int
     validate_only: bool = False
     delete_after_seconds: float | None = None
+    kind: OperationKind | None = None
+    """If given, the change must be of this kind: ``shrink --to 9`` of a 5-partition
+    topic is refused, not turned into an expansion."""
 
 
 class ChangeRunner:
@@ -96,7 +99,8 @@ class ChangeRunner:
                 await self._drive(stored, on_progress)
             state = await self.store.read_topic(request.topic)
             current = state.current.undeleted_count
-            kind = OperationKind.EXPAND if request.target_count > current else OperationKind.SHRINK
+            grows = request.target_count > current
+            kind = request.kind or (OperationKind.EXPAND if grows else OperationKind.SHRINK)
             operation, actions = plan_change(
                 kind=kind,
                 log=state.log,

@@ -108,6 +108,12 @@ async def test_partitions_can_be_added_and_records_deleted(
     producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, acks="all")
     await producer.start()
     try:
+        # Brokers learn of the new partition from the controller one after another: the
+        # producer may first ask one that does not know it yet.
+        deadline = time.monotonic() + 10
+        while len(producer.client.cluster.partitions_for_topic(topic) or ()) < 3:
+            assert time.monotonic() < deadline, "partition 2 never appeared in metadata"
+            await producer.client.force_metadata_update()
         for _ in range(5):
             await producer.send_and_wait(topic, value=b"x", partition=2)
     finally:

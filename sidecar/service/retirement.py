@@ -1,0 +1,97 @@
+"""Retiring read-only partitions (DESIGN §5 "Retirement", seed 003).
+
+A shrink leaves the partitions above the new count read-only: still read, never
+written. Each round, for each such partition, the core's ``retirement_action``
+decides from its log start and end, the consumer groups' committed offsets and its
+delete-after time:
+
+* empty (log start = log end): removed;
+* consumed to its end by every consumer group registered with the sidecars:
+  truncated with DeleteRecords, then removed;
+* past its delete-after time: removed (its data stays in Kafka, unread).
+
+Choice where the design is silent: with *no* registered consumer group nothing is
+truncated (only emptiness or the delete-after delay retire a partition), because
+"every known group has consumed it" would then hold vacuously and delete data that
+consumers outside the sidecars may still need.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sidecar.adapters.kafka import KafkaGateway
+from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.core.generations import (
+    PartitionMode,
+    RetirementAction,
+    RetirementView,
+    partitions_in_mode,
+    retirement_action,
+)
+from sidecar.metrics import SidecarMetrics
+
+_log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_S = 0.5
+
+
+class Retirer:
+    def __init__(
+        self, sidecar_id: str, store: MetadataStore, kafka: KafkaGateway, metrics: SidecarMetrics
+    ) -> None:
+        self.sidecar_id = sidecar_id
+        self.store = store
+        self.kafka = kafka
+        self.metrics = metrics
+
+    async def retire(self, topic: str) -> dict[int, RetirementAction]:
+        """One round for ``topic``; returns what was done per read-only partition.
+
+        Raises SidecarError subclasses (OperationInProgress while a change holds the
+        topic's lock, MetadataUnavailable, KafkaUnavailable): the caller retries later.
+        """
+        state = await self.store.read_topic(topic)
+        read_only = partitions_in_mode(state.modes, PartitionMode.READ_ONLY)
+        if not read_only:
+            return {}
+        count = len(state.modes)
+        starts = await self.kafka.log_start_offsets(topic, count)
+        ends = await self.kafka.end_offsets(topic, count)
+        groups = await self.store.known_groups()
+        committed = [await self.kafka.committed_offsets(g, topic, count) for g in groups]
+        now = time.time()
+        decisions: dict[int, RetirementAction] = {}
+        for partition in read_only:
+            delete_after = (
+                state.delete_after[partition] if partition < len(state.delete_after) else None
+            )
+            consumed = bool(groups) and all(
+                offsets.get(partition, -1) >= ends[partition] for offsets in committed
+            )
+            view = RetirementView(starts[partition], ends[partition], consumed, delete_after)
+            decisions[partition] = retirement_action(view, now)
+        if all(action is RetirementAction.KEEP for action in decisions.values()):
+            return decisions
+        async with self.store.lock(topic, self.sidecar_id, LOCK_TIMEOUT_S):
+            # Read again under the lock: an expansion may have made a partition
+            # read-write again since the decisions were taken.
+            state = await self.store.read_topic(topic)
+            modes = list(state.modes)
+            truncate = {
+                p: ends[p]
+                for p, action in decisions.items()
+                if action is RetirementAction.TRUNCATE and modes[p] is PartitionMode.READ_ONLY
+            }
+            if truncate:
+                await self.kafka.delete_records(topic, truncate)
+            for partition, action in decisions.items():
+                if (
+                    action is not RetirementAction.KEEP
+                    and modes[partition] is PartitionMode.READ_ONLY
+                ):
+                    modes[partition] = PartitionMode.REMOVED
+                    _log.info("%s[%d] retired (%s)", topic, partition, action.value)
+            await self.store.set_partitions(topic, tuple(modes), state.delete_after)
+        return decisions
