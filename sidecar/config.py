@@ -77,12 +77,21 @@ class ProduceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class FaultSettings:
+    """Fault injection for the crash tests; empty in production."""
+
+    kill_after_phase: str = ""
+    """SIGKILL this process right after it journals a change entering this phase."""
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     sidecar_id: str
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     zookeeper: ZooKeeperSettings = field(default_factory=ZooKeeperSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     produce: ProduceSettings = field(default_factory=ProduceSettings)
+    faults: FaultSettings = field(default_factory=FaultSettings)
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -90,6 +99,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "zookeeper": ZooKeeperSettings,
     "http": HttpSettings,
     "produce": ProduceSettings,
+    "faults": FaultSettings,
 }
 
 
@@ -187,5 +197,10 @@ def _validate(section: str, values: Any) -> None:
         )
     if section == "zookeeper" and not values.root.startswith("/"):
         raise ConfigError(f"zookeeper.root must be an absolute path, got {values.root!r}")
+    if section == "faults" and values.kill_after_phase:
+        from sidecar.core.procedures import Phase
+
+        if values.kill_after_phase not in {phase.value for phase in Phase}:
+            raise ConfigError(f"faults.kill_after_phase is not a phase: {values.kill_after_phase}")
     if section == "zookeeper" and values.session_timeout_s <= 0:
         raise ConfigError("zookeeper.session_timeout_s must be positive")

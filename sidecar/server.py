@@ -22,6 +22,7 @@ from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.config import Settings
 from sidecar.core.errors import SidecarError
+from sidecar.core.procedures import Phase
 from sidecar.http.app import build_app
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
@@ -55,6 +56,9 @@ class SidecarServer:
             self.kafka,
             self.metrics,
             barrier_timeout_s=settings.produce.barrier_timeout_s,
+            kill_after_phase=Phase(settings.faults.kill_after_phase)
+            if settings.faults.kill_after_phase
+            else None,
         )
         self.retirer = Retirer(settings.sidecar_id, self.store, self.kafka, self.metrics)
         self.app = build_app(settings, self.sidecar, self.admin, self.changes, self.metrics)

@@ -310,13 +310,20 @@ class KafkaGateway:
         return count
 
     async def create_topic(
-        self, topic: str, partitions: int, replication_factor: int, *, compacted: bool
+        self,
+        topic: str,
+        partitions: int,
+        replication_factor: int,
+        *,
+        compacted: bool,
+        configs: Mapping[str, str] | None = None,
     ) -> None:
-        """Create ``topic`` and wait until metadata shows it.
+        """Create ``topic`` (with extra topic ``configs``) and wait until metadata shows it.
 
-        Raises TopicExists, InvalidPartitionCount, KafkaUnavailable, KafkaFailure.
+        Raises TopicExists, InvalidPartitionCount, KafkaUnavailable, KafkaFailure
+        (an invalid config among them).
         """
-        configs = {"cleanup.policy": "compact"} if compacted else {}
+        configs = dict(configs or {}) | ({"cleanup.policy": "compact"} if compacted else {})
         new_topic = NewTopic(topic, partitions, replication_factor, topic_configs=configs)
         # Not retried: a retry after a timeout could report our own topic as existing.
         try:

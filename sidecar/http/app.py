@@ -252,15 +252,19 @@ async def admin_create(request: web.Request) -> web.Response:
     _authorize(request)
     document = await _json_object(
         request,
-        {"name", "partitions", "replication_factor", "compacted", "ordered_delivery"},
+        {"name", "partitions", "replication_factor", "compacted", "ordered_delivery", "configs"},
         {"name", "partitions"},
     )
+    configs = _field(document, "configs", dict, {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
+        raise BadRequest("configs must map config names to string values")
     create = CreateTopic(
         name=_field(document, "name", str),
         partitions=_field(document, "partitions", int),
         replication_factor=_field(document, "replication_factor", int, 3),
         compacted=_field(document, "compacted", bool, False),
         ordered_delivery=_field(document, "ordered_delivery", bool, True),
+        configs=configs,
     )
     state = await request.app[ADMIN_KEY].create(create)
     return web.json_response(describe_state(state), status=201)

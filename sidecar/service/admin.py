@@ -8,7 +8,8 @@ nothing is half-managed, because only the ZooKeeper record makes a topic managed
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.adapters.kafka import KafkaGateway, TopicExists
@@ -37,6 +38,8 @@ class CreateTopic:
     replication_factor: int
     compacted: bool = False
     ordered_delivery: bool = True
+    configs: Mapping[str, str] = field(default_factory=dict)
+    """Kafka topic configs passed through (e.g. segment.ms), as REST Proxy v3 allows."""
 
 
 def validate_topic_name(name: str) -> None:
@@ -65,6 +68,8 @@ class TopicAdmin:
             )
         if request.replication_factor < 1:
             raise BadRequest("replication_factor must be at least 1")
+        if "cleanup.policy" in request.configs:
+            raise BadRequest("set cleanup.policy with the compacted field, not in configs")
         await self._refuse_managed(request.name)
         try:
             await self.kafka.create_topic(
@@ -72,6 +77,7 @@ class TopicAdmin:
                 request.partitions,
                 request.replication_factor,
                 compacted=request.compacted,
+                configs=request.configs,
             )
         except TopicExists as exc:
             raise TopicAlreadyManaged(

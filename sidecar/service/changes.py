@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,12 +78,14 @@ class ChangeRunner:
         metrics: SidecarMetrics,
         *,
         barrier_timeout_s: float,
+        kill_after_phase: Phase | None = None,
     ) -> None:
         self.sidecar_id = SidecarId(sidecar_id)
         self.store = store
         self.kafka = kafka
         self.metrics = metrics
         self.barrier_timeout_s = barrier_timeout_s
+        self.kill_after_phase = kill_after_phase
 
     async def change(
         self, request: ChangeRequest, on_progress: ProgressCallback | None = None
@@ -146,6 +150,9 @@ class ChangeRunner:
             # Persist before acting: the journal is what a successor resumes from.
             if operation.phase is not Phase.DONE:
                 await self.store.save_operation(operation)
+            if operation.phase is self.kill_after_phase:
+                # Fault injection (crash tests): die as abruptly as a killed pod.
+                os.kill(os.getpid(), signal.SIGKILL)
             if on_progress is not None:
                 on_progress(operation)
             if operation.phase in FINAL_PHASES:

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import os
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from sidecar.config import HttpSettings, KafkaSettings, ProduceSettings, Settings, ZooKeeperSettings
+from sidecar.config import (
+    FaultSettings,
+    HttpSettings,
+    KafkaSettings,
+    ProduceSettings,
+    Settings,
+    ZooKeeperSettings,
+)
 from sidecar.devcluster.provider import ClusterEndpoints
 from sidecar.server import SidecarServer
 
@@ -35,26 +47,30 @@ def settings_for(
     session_timeout_s: float = 6.0,
     hold_timeout_s: float = 30.0,
     barrier_timeout_s: float = 20.0,
+    kill_after_phase: str = "",
+    zookeeper_hosts: str | None = None,
 ) -> Settings:
     return Settings(
         sidecar_id=f"{name}-{uuid.uuid4().hex[:6]}",
         kafka=KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=10_000),
         zookeeper=ZooKeeperSettings(
-            hosts=cluster.zookeeper_hosts, root=root, session_timeout_s=session_timeout_s
+            hosts=zookeeper_hosts or cluster.zookeeper_hosts,
+            root=root,
+            session_timeout_s=session_timeout_s,
         ),
         http=HttpSettings(port=0, admin_enabled=True, admin_token=ADMIN_TOKEN),
         produce=ProduceSettings(hold_timeout_s=hold_timeout_s, barrier_timeout_s=barrier_timeout_s),
+        faults=FaultSettings(kill_after_phase=kill_after_phase),
     )
 
 
 @dataclass
-class RunningSidecar:
-    server: SidecarServer
-    http: aiohttp.ClientSession
+class SidecarClient:
+    """An HTTP client of one sidecar (in this process or another)."""
 
-    @property
-    def id(self) -> str:
-        return self.server.settings.sidecar_id
+    url: str
+    id: str
+    http: aiohttp.ClientSession
 
     async def produce(
         self,
@@ -97,6 +113,63 @@ class RunningSidecar:
         assert status == 200, body
         return body
 
+    async def describe(self, topic: str) -> dict[str, Any]:
+        status, body = await self.admin("GET", f"/admin/topics/{topic}")
+        assert status == 200, body
+        return body
+
+
+@dataclass
+class RunningSidecar(SidecarClient):
+    server: SidecarServer
+
+
+@dataclass
+class SidecarProcess(SidecarClient):
+    process: asyncio.subprocess.Process
+
+
+def _environment(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    for section in ("kafka", "zookeeper", "http", "produce", "faults"):
+        values = getattr(settings, section)
+        for name in values.__dataclass_fields__:
+            value = getattr(values, name)
+            if name == "client":
+                continue
+            env[f"ORDERED_SIDECAR__{section.upper()}__{name.upper()}"] = (
+                str(value).lower() if isinstance(value, bool) else str(value)
+            )
+    env["ORDERED_SIDECAR__SIDECAR_ID"] = settings.sidecar_id
+    return env
+
+
+async def start_process(settings: Settings) -> SidecarProcess:
+    """``sidecar serve`` as its own process; returns once it answers."""
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("sidecar")),
+        "serve",
+        env=_environment(settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert process.stdout is not None
+    line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+    assert " ready on " in line, f"sidecar did not start: {line!r}"
+    url = line.rsplit(" ", 1)[1].strip()
+    return SidecarProcess(url, settings.sidecar_id, aiohttp.ClientSession(url), process)
+
+
+async def stop_process(sidecar: SidecarProcess) -> None:
+    await sidecar.http.close()
+    if sidecar.process.returncode is None:
+        sidecar.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(sidecar.process.wait(), 40)
+        except TimeoutError:
+            sidecar.process.kill()
+            await sidecar.process.wait()
+
 
 @asynccontextmanager
 async def running_sidecars(
@@ -107,10 +180,11 @@ async def running_sidecars(
     started: list[RunningSidecar] = []
     try:
         for index in range(count):
-            server = SidecarServer(settings_for(cluster, root, f"sc{index}", **options))
+            settings = settings_for(cluster, root, f"sc{index}", **options)
+            server = SidecarServer(settings)
             await server.start()
             session = aiohttp.ClientSession(server.url)
-            started.append(RunningSidecar(server, session))
+            started.append(RunningSidecar(server.url, settings.sidecar_id, session, server))
         yield started
     finally:
         for running in started:
@@ -152,3 +226,75 @@ def header(record: ConsumerRecord[bytes, bytes], name: str) -> bytes | None:
         if key == name:
             return bytes(value) if value is not None else None
     return None
+
+
+@dataclass
+class ProduceTally:
+    written: int = 0
+    refused: int = 0
+    """Requests answered with an error status (collected in ``errors``)."""
+    errors: list[str] | None = None
+
+
+async def produce_until(
+    sidecar: SidecarClient,
+    topic: str,
+    keys: Sequence[str],
+    stop: asyncio.Event,
+    tally: ProduceTally,
+    *,
+    pause_s: float = 0.0,
+) -> None:
+    """Produce one record per key per request until ``stop``; count what happened.
+
+    A connection error (the sidecar died) ends the loop: it counts as refused.
+    """
+    tally.errors = tally.errors if tally.errors is not None else []
+    sequence = 0
+    while not stop.is_set():
+        records = [{"key": key, "value": {"seq": sequence, "by": sidecar.id}} for key in keys]
+        sequence += 1
+        try:
+            status, body = await sidecar.produce(topic, records)
+        except aiohttp.ClientError as exc:
+            tally.refused += 1
+            tally.errors.append(f"{sidecar.id}: {exc!r}")
+            return
+        if status != 200:
+            tally.refused += 1
+            tally.errors.append(f"{sidecar.id}: {status} {body.get('error_code')}")
+        else:
+            tally.written += sum(1 for entry in body["offsets"] if entry["error_code"] is None)
+        if pause_s:
+            await asyncio.sleep(pause_s)
+
+
+async def check_no_record_crossed_a_barrier(
+    cluster: ClusterEndpoints, description: dict[str, Any]
+) -> int:
+    """Every record's ``ordered.generation`` is the generation its offset lies in, and
+    every keyed record sits where linear hashing puts its key for that generation's
+    count. Returns how many records were checked."""
+    from sidecar.core.routing import partition_for_key
+    from sidecar.core.serialization import generation_from_json, log_from_generations
+
+    config = description["config"]
+    log = log_from_generations(
+        config["initial_count"], [generation_from_json(g) for g in description["generations"]]
+    )
+    stored = await read_all(cluster, config["name"], description["physical_count"])
+    checked = 0
+    for partition, records in stored.items():
+        for record in records:
+            routed_with = int(header(record, "ordered.generation") or b"-1")
+            lies_in = log.generation_of(partition, record.offset)
+            assert routed_with == lies_in, (
+                f"partition {partition} offset {record.offset} was routed with generation "
+                f"{routed_with} but lies in generation {lies_in}"
+            )
+            count = int(header(record, "ordered.count") or b"0")
+            assert count == log[routed_with].undeleted_count
+            if record.key is not None and header(record, "ordered.relocation") is None:
+                assert partition == partition_for_key(record.key, log.initial_count, count)
+            checked += 1
+    return checked

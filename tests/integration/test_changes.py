@@ -207,3 +207,50 @@ async def test_compacted_topics_get_relocation_tombstones(cluster: ClusterEndpoi
         for record in records:
             if header(record, "ordered.relocation") == b"1":
                 assert record.value is None
+
+
+async def test_compaction_drops_the_old_values_of_moved_keys(cluster: ClusterEndpoints) -> None:
+    topic = unique("compaction")
+    # Small segments and an eager cleaner, so compaction runs within seconds.
+    configs = {
+        "segment.ms": "200",
+        "min.cleanable.dirty.ratio": "0.01",
+        "min.compaction.lag.ms": "0",
+    }
+    keys = [f"k{i}" for i in range(40)]
+    encoded = {k: json.dumps(k).encode() for k in keys}
+    moved = {
+        k
+        for k in keys
+        if partition_for_key(encoded[k], 2, 3) != partition_for_key(encoded[k], 2, 2)
+    }
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(
+            topic, 2, replication_factor=cluster.replication_factor, compacted=True, configs=configs
+        )
+        status, body = await sidecar.produce(topic, [{"key": k, "value": "old"} for k in keys])
+        assert status == 200, body
+        await sidecar.change_count(topic, 3)
+        status, body = await sidecar.produce(topic, [{"key": k, "value": "new"} for k in keys])
+        assert status == 200, body
+        deadline = time.monotonic() + 90
+        while True:
+            # New records roll the old partitions' segments, so the cleaner can take them.
+            for partition in (0, 1):
+                await sidecar.produce(
+                    topic, [{"key": f"roll-{time.monotonic()}", "value": 0}], partition=partition
+                )
+            stored = await read_all(cluster, topic, 3)
+            stale = {
+                record.key
+                for partition in (0, 1)
+                for record in stored[partition]
+                if record.key in {encoded[k] for k in moved} and record.value is not None
+            }
+            if not stale:
+                break
+            assert time.monotonic() < deadline, f"{len(stale)} moved keys kept their old value"
+            await asyncio.sleep(1.0)
+    # The moved keys' live values are all in their new partition.
+    live_new = {r.key for r in stored[2] if r.value is not None}
+    assert {encoded[k] for k in moved} <= live_new
