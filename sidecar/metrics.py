@@ -111,6 +111,50 @@ class SidecarMetrics:
             ["topic"],
             registry=r,
         )
+        self.delivered_records = Counter(
+            "sidecar_consumer_delivered_records_total",
+            "Records delivered to apps, by topic and partition.",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.gated_partitions = Gauge(
+            "sidecar_gated_partitions",
+            "Partition heads held by the gate right now, by topic and group.",
+            ["topic", "group"],
+            registry=r,
+        )
+        self.gate_wait_seconds = Histogram(
+            "sidecar_gate_wait_seconds",
+            "How long a partition head waited at the gate, by reason (expansion, shrink).",
+            ["topic", "group", "reason"],
+            buckets=_HOLD_BUCKETS,
+            registry=r,
+        )
+        self.callback_seconds = Histogram(
+            "sidecar_handoff_callback_seconds",
+            "Latency of the app's key hand-off callback, by kind.",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.callback_failures = Counter(
+            "sidecar_handoff_callback_failures_total",
+            "Hand-off callback attempts that failed or timed out (they are retried).",
+            ["kind"],
+            registry=r,
+        )
+        self.commits = Counter(
+            "sidecar_consumer_commits_total",
+            "Offsets committed for consumer groups, by group and topic.",
+            ["group", "topic"],
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "sidecar_consumer_lag",
+            "High watermark minus delivered position of each assigned partition.",
+            ["group", "topic", "partition"],
+            registry=r,
+        )
         self.zookeeper_connected = Gauge(
             "sidecar_zookeeper_connected",
             "1 while the ZooKeeper session is connected, else 0 (managed produces hold).",

@@ -24,9 +24,11 @@ from sidecar.config import Settings
 from sidecar.core.errors import SidecarError
 from sidecar.core.procedures import Phase
 from sidecar.http.app import build_app
+from sidecar.http.consumer_routes import add_routes as add_consumer_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
+from sidecar.service.consumers import Consumers
 from sidecar.service.retirement import Retirer
 from sidecar.service.sidecar import Sidecar
 
@@ -61,7 +63,9 @@ class SidecarServer:
             else None,
         )
         self.retirer = Retirer(settings.sidecar_id, self.store, self.kafka, self.metrics)
+        self.consumers = Consumers(self.sidecar)
         self.app = build_app(settings, self.sidecar, self.admin, self.changes, self.metrics)
+        add_consumer_routes(self.app, self.consumers)
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task[None] | None = None
         self.port: int | None = None
@@ -95,6 +99,7 @@ class SidecarServer:
                 await self._janitor
         if self._runner is not None:
             await self._runner.cleanup()  # stops accepting, waits for handlers
+        await self.consumers.close()
         await self.sidecar.stop()
 
     async def _housekeeping(self) -> None:

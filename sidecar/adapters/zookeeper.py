@@ -12,6 +12,9 @@ in the shapes of ``sidecar.core.serialization``::
     <root>/ops/<t>                           journal of the change in progress (or last done)
     <root>/locks/<t>                         kazoo Lock recipe: one change at a time
     <root>/groups/<group>                    a consumer group some sidecar consumes for
+    <root>/groups/<group>/waits/<t>:<q>:<b>:<instance>
+                                             ephemeral: an instance waits for the group
+                                             to consume partition q of t up to offset b
 
 A commit changes the generation log, the current generation, the modes, the pending
 barrier and the journal in one multi-op transaction, so a reader never sees half of it.
@@ -190,6 +193,42 @@ class MetadataStore:
     async def register_group(self, group: str) -> None:
         """Record that ``group`` consumes through the sidecars (persistent, idempotent)."""
         await self._run(self._client.ensure_path, f"{self._root}/groups/{group}")
+
+    async def add_wait(
+        self, group: str, topic: str, source: int, boundary: int, instance: str
+    ) -> None:
+        """Announce that ``instance`` waits for ``group`` to consume ``source`` up to
+        ``boundary``, so the instance owning ``source`` commits promptly. Ephemeral: it
+        goes away with this session."""
+        await self._run(self._add_wait, group, _wait_name(topic, source, boundary, instance))
+
+    def _add_wait(self, group: str, name: str) -> None:
+        self._client.ensure_path(f"{self._root}/groups/{group}/waits")
+        with suppress(NodeExistsError):
+            self._client.create(f"{self._root}/groups/{group}/waits/{name}", b"", ephemeral=True)
+
+    async def remove_wait(
+        self, group: str, topic: str, source: int, boundary: int, instance: str
+    ) -> None:
+        name = _wait_name(topic, source, boundary, instance)
+        path = f"{self._root}/groups/{group}/waits/{name}"
+        with suppress(NoNodeError):
+            await self._run(self._client.delete, path)
+
+    async def waits(self, group: str, topic: str) -> dict[int, int]:
+        """Per source partition of ``topic``, the highest boundary someone in ``group``
+        waits for."""
+        try:
+            names = await self._run(self._client.get_children, f"{self._root}/groups/{group}/waits")
+        except NoNodeError:
+            return {}
+        highest: dict[int, int] = {}
+        for name in names:
+            # Neither topic names nor instance names may contain ":" (both are validated).
+            wait_topic, source, boundary, _ = name.rsplit(":", 3)
+            if wait_topic == topic:
+                highest[int(source)] = max(highest.get(int(source), 0), int(boundary))
+        return highest
 
     def _create_ephemeral(self, path: str, data: bytes) -> None:
         try:
@@ -597,3 +636,7 @@ def _delete_after_from_json(raw: Any) -> tuple[float | None, ...]:
             raise ValueError(f"malformed delete_after: {raw!r}")
         values.append(None if item is None else float(item))
     return tuple(values)
+
+
+def _wait_name(topic: str, source: int, boundary: int, instance: str) -> str:
+    return f"{topic}:{source}:{boundary}:{instance}"

@@ -44,6 +44,22 @@ class InvalidRecord(SidecarError):
     default_message = "invalid record"
 
 
+class InvalidConsumerConfig(BadRequest):
+    """A consumer instance setting Kafka or this sidecar cannot serve (e.g. format avro)."""
+
+    http_status = 422
+    error_code = 42204
+    default_message = "invalid consumer configuration"
+
+
+class NotAcceptable(SidecarError):
+    """The Accept header asks for another embedded format than the instance's."""
+
+    http_status = 406
+    error_code = 40601
+    default_message = "the consumer instance cannot answer in the accepted format"
+
+
 class IdempotencyKeyReused(SidecarError):
     """An idempotency key sent again with a different request (a client bug, not a retry)."""
 
@@ -132,6 +148,15 @@ class FencedGeneration(SidecarError):
         self.current_count = current_count
 
 
+class ConsumerStateConflict(SidecarError):
+    """The consumer instance is not in a state for this call (not subscribed, an event
+    to acknowledge first, already exists)."""
+
+    http_status = 409
+    error_code = 40940
+    default_message = "the consumer instance is not in a state for this request"
+
+
 class OperationInProgress(SidecarError):
     """Another partition-count change of this topic is running (one at a time)."""
 
@@ -189,6 +214,15 @@ class ProduceHoldTimeout(SidecarError):
     error_code = 50330
     retriable = True
     default_message = "produce held too long while the partition count changes"
+
+
+class CallbackFailed(SidecarError):
+    """The app's hand-off callback did not answer 2xx in time; nothing moved past it."""
+
+    http_status = 503
+    error_code = 50340
+    retriable = True
+    default_message = "the app's hand-off callback failed"
 
 
 class KafkaUnavailable(SidecarError):

@@ -1,0 +1,1056 @@
+"""Confluent REST Proxy v2 consumer requests and responses, as pure functions.
+
+Routes under ``/consumers/{group}``, ``{instance}`` standing for
+``/consumers/{group}/instances/{name}``:
+
+=======================================  =============================  ============================
+route                                    decoder                        response body
+=======================================  =============================  ============================
+``POST /consumers/{group}``              ``decode_create_consumer``     ``create_consumer_body``
+``POST {instance}/subscription``         ``decode_subscription``        none (204)
+``GET {instance}/subscription``          none                           ``subscription_body``
+``DELETE {instance}/subscription``       none                           none (204)
+``POST {instance}/assignments``          ``decode_assignments``         none (204)
+``GET {instance}/assignments``           none                           ``assignments_body``
+``GET {instance}/records``               ``decode_records_query``,      ``encode_records_response``
+                                         ``records_content_type``
+``POST {instance}/offsets``              ``decode_commit_offsets``      none (204)
+``GET {instance}/offsets``               ``decode_committed_request``   ``committed_offsets_body``
+``POST {instance}/positions``            ``decode_seek``                none (204)
+``POST {instance}/positions/beginning``  ``decode_seek_partitions``     none (204)
+``POST {instance}/positions/end``        ``decode_seek_partitions``     none (204)
+``POST {instance}/events/ack``           ``decode_event_ack``           none (204)
+=======================================  =============================  ============================
+
+Request bodies carry no embedded data, so every consumer route takes the same content
+types, as REST Proxy's ``@Consumes`` does: ``application/vnd.kafka.v2+json``, any
+``application/vnd.kafka.<format>.v2+json`` and ``application/json``. A request without a
+body may leave Content-Type out. The check is not pedantry: a web page can make a browser
+send a cross-origin form or ``text/plain`` POST to localhost without a CORS preflight,
+and requiring a JSON type stops it from seeking or committing the application's consumer.
+Unknown fields are refused everywhere, so a misspelt field is an error, not a default.
+
+Where REST Proxy is lenient or silent, this codec chooses:
+
+* ``format`` is matched without case (as the proxy does); avro, protobuf and jsonschema
+  need a schema registry this sidecar does not use and are refused as an invalid consumer
+  configuration (422 in REST Proxy), not as an unsupported media type: the request's
+  content type is fine, one of its values is not.
+* ``fetch.min.bytes`` and ``consumer.request.timeout.ms`` are a JSON integer or a decimal
+  string (Jackson coerces strings to Integer; it also truncates fractions, which is refused
+  here). ``fetch.min.bytes`` -1 is the proxy's "disabled" and decodes as None.
+  ``auto.commit.enable`` is ``"true"``/``"false"`` in any case (Kafka's boolean parsing)
+  or a JSON boolean; ``auto.offset.reset`` is matched without case, as Kafka does.
+* The deprecated aliases the proxy still reads (``id`` for ``name``, ``responseMinBytes``,
+  ``requestWaitMs``) are accepted; an alias and its field with different values are refused.
+* An instance name must be 1-255 URL-unreserved characters (``A-Za-z0-9-._~``), not
+  ``.`` or ``..``: it is a URL path segment, and such a name reads the same in every client.
+* Commits name the offset of the last *processed* record and Kafka stores ``offset + 1``
+  (``OffsetToCommit.next_offset``), exactly as REST Proxy v2; ``GET offsets`` answers
+  Kafka's stored offset (the next to read), as the proxy does. No body, an empty body,
+  ``null`` or ``{}`` commits everything delivered; ``{"offsets": []}`` commits nothing
+  (the proxy commits an empty map), because turning it into "commit all" would commit
+  records the application has not processed.
+* Empty lists are accepted where Kafka gives them a meaning (assign none, seek none),
+  except ``topics``: subscribing to nothing is Kafka's unsubscribe, which is ``DELETE``.
+  A partition (or topic, or event id) named twice in one request is refused: for
+  offsets the two entries could disagree, and elsewhere it is a client bug.
+* ``timeout`` and ``max_bytes`` follow the proxy: absent or at most 0 means the default,
+  larger values are capped at the limit (an existing client asks for long polls and gets
+  the server's cap, not an error). Query parameters this codec does not know are ignored,
+  as JAX-RS ignores them (a client may add a cache-busting parameter).
+* ``Accept`` on ``records``: the instance's own type, ``application/vnd.kafka.v2+json``,
+  ``application/json`` and wildcards are answered in the instance's format (REST Proxy
+  would serve the generic types as binary and fail a json instance); another embedded
+  format is refused (REST Proxy: 406, code 40601).
+* json records: empty bytes decode as ``null``, as Confluent's ``KafkaJsonDeserializer``
+  does; bytes that are not JSON fail the read, naming topic, partition and offset, as the
+  proxy's deserializer fails it. Delivering them as something else would hand the app a
+  value it never wrote. The service encodes a batch before it counts it delivered, and the
+  app can step past the record with ``POST positions`` or read with a binary consumer.
+  Valid JSON is embedded byte for byte, so numbers keep their exact text.
+* Record headers (base64 values, as in produce) are written only when a record has some,
+  so a record without headers has exactly the REST Proxy v2 shape.
+
+Extensions of this project:
+
+* ``callback_url`` / ``callback_timeout_ms`` on create: the URL the sidecar POSTs key
+  hand-off events to and how long it waits for a 2xx (DESIGN §6). The URL must be http(s)
+  to a loopback host (127.0.0.0/8, ::1 or ``localhost``) unless the sidecar allows remote
+  callbacks: otherwise anyone who can reach the sidecar could make it send requests into
+  the network it runs in. Credentials in the URL are refused (they would end up in logs).
+* Key hand-off events: ``{"type": "keys_revoked" | "keys_assigned", "topic", "partition",
+  "generation", "event_id"}``. In a records response they sit among the records in
+  delivery order (an event before the records it must precede) and are told apart by
+  ``type``, which records never have; ``encode_key_events`` writes a list of them alone
+  (e.g. a callback body). Event ids are integers; the app acknowledges with
+  ``{"event_ids": [...]}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final, NoReturn, Protocol, TypeAlias, TypedDict, TypeVar
+from urllib.parse import quote, urlsplit
+
+from sidecar.core.errors import (
+    BadRequest,
+    InvalidConsumerConfig,
+    InvalidRecord,
+    NotAcceptable,
+    UnsupportedMediaType,
+)
+from sidecar.core.handoff import HandoffKind
+
+# Shared with the produce codec, so that both answer a malformed body in the same words.
+from sidecar.http.produce_codec import (
+    MAX_PARTITION,
+    EmbeddedFormat,
+    _json_type,
+    _parse_json,
+    _refuse_unknown_fields,
+)
+
+MAX_OFFSET: Final = 2**63 - 1
+"""Kafka offsets are int64."""
+MAX_INSTANCE_NAME_LENGTH: Final = 255
+MAX_FETCH_MIN_BYTES: Final = 10_000_000
+"""REST Proxy's own bound for ``fetch.min.bytes``."""
+MAX_REQUEST_TIMEOUT_MS: Final = 2**31 - 1
+"""``consumer.request.timeout.ms`` is a Java int in REST Proxy."""
+MAX_CALLBACK_TIMEOUT_MS: Final = 600_000
+MAX_CALLBACK_URL_LENGTH: Final = 2048
+MAX_TOPIC_PATTERN_LENGTH: Final = 1024
+MAX_EVENT_ID: Final = 2**63 - 1
+
+_CREATE_FIELDS: Final = frozenset(
+    {
+        "name",
+        "format",
+        "auto.offset.reset",
+        "auto.commit.enable",
+        "fetch.min.bytes",
+        "consumer.request.timeout.ms",
+        "callback_url",
+        "callback_timeout_ms",
+    }
+)
+# Deprecated spellings REST Proxy v2 still reads (JsonAlias / the v1 "id").
+_CREATE_ALIASES: Final[Mapping[str, str]] = {
+    "id": "name",
+    "responseMinBytes": "fetch.min.bytes",
+    "requestWaitMs": "consumer.request.timeout.ms",
+}
+_CREATE_KNOWN_FIELDS: Final = _CREATE_FIELDS | frozenset(_CREATE_ALIASES)
+_SUBSCRIPTION_FIELDS: Final = frozenset({"topics", "topic_pattern"})
+_PARTITION_FIELDS: Final = frozenset({"topic", "partition"})
+_OFFSET_FIELDS: Final = frozenset({"topic", "partition", "offset", "metadata"})
+_TIMESTAMP_FIELDS: Final = frozenset({"topic", "partition", "timestamp", "metadata"})
+
+# Kafka's own rule (Topic.java): legal characters, at most 249 of them, not "." or "..".
+_TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_INSTANCE_NAME: Final = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_INSTANCE_NAME_LENGTH}}}")
+_VISIBLE_ASCII: Final = re.compile(r"[\x21-\x7e]+")
+_SIGNED_DECIMAL: Final = re.compile(r"-?[0-9]{1,19}")
+_MIN_INT64: Final = -(2**63)
+_MAX_INT64: Final = 2**63 - 1
+_BOOLEANS: Final[Mapping[str, bool]] = {"true": True, "false": False}
+_UTF8_CHARSETS: Final = frozenset({"utf-8", "utf8"})
+_REQUEST_MEDIA_TYPES: Final = frozenset(
+    {
+        "application/json",
+        "application/vnd.kafka.v2+json",
+        *(
+            f"application/vnd.kafka.{name}.v2+json"
+            for name in ("binary", "json", "avro", "protobuf", "jsonschema")
+        ),
+    }
+)
+_SCHEMA_FORMATS: Final = frozenset({"avro", "protobuf", "jsonschema"})
+_EMBEDDED_MEDIA_TYPE: Final = re.compile(r"application/vnd\.kafka\.([a-z]+)\.v2\+json")
+# Media ranges any consumer instance can answer, in its own format.
+_GENERIC_ACCEPT: Final = frozenset(
+    {"*/*", "application/*", "application/json", "application/vnd.kafka.v2+json"}
+)
+_EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MILLISECOND: Final = datetime.timedelta(milliseconds=1)
+_IPV6_LOOPBACK: Final = ipaddress.IPv6Address("::1")
+
+_Item = TypeVar("_Item")
+
+
+def records_media_type(fmt: EmbeddedFormat) -> str:
+    """The media type of a records response in ``fmt``, e.g. binary's."""
+    return f"application/vnd.kafka.{fmt.value}.v2+json"
+
+
+class AutoOffsetReset(StrEnum):
+    """Where a consumer starts in a partition its group has no committed offset for."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    NONE = "none"
+
+
+# The hand-off kinds are the core's; the wire names are their values.
+KeyEventType = HandoffKind
+
+
+@dataclass(frozen=True, slots=True)
+class CreateConsumerRequest:
+    """A validated ``POST /consumers/{group}``; None means "the sidecar's default"."""
+
+    name: str | None
+    """None: the service generates one (it must match the instance name rule too)."""
+    format: EmbeddedFormat
+    auto_offset_reset: AutoOffsetReset | None
+    auto_commit: bool | None
+    fetch_min_bytes: int | None
+    request_timeout_ms: int | None
+    callback_url: str | None
+    callback_timeout_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """One partition of one topic, as a request names it."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeTopics:
+    """Subscribe to these topics (at least one, each named once)."""
+
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribePattern:
+    """Subscribe to every topic whose whole name matches ``pattern`` (a Python regex)."""
+
+    pattern: str
+
+
+Subscription: TypeAlias = SubscribeTopics | SubscribePattern
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetToCommit:
+    """``offset`` is the last record the app processed, as in REST Proxy v2."""
+
+    topic: str
+    partition: int
+    offset: int
+    metadata: str | None
+
+    @property
+    def next_offset(self) -> int:
+        """What Kafka stores as the group's committed offset: the next record to read."""
+        return self.offset + 1
+
+
+@dataclass(frozen=True, slots=True)
+class SeekOffset:
+    """Read ``partition`` next from ``offset``."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class SeekTimestamp:
+    """Read ``partition`` next from its first record at or after ``timestamp_ms``."""
+
+    topic: str
+    partition: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SeekRequest:
+    """A validated ``POST positions``; no partition appears twice across both lists."""
+
+    offsets: tuple[SeekOffset, ...]
+    timestamps: tuple[SeekTimestamp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsQuery:
+    """``GET records`` parameters with the defaults and caps already applied."""
+
+    timeout_ms: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedRecord:
+    """One record to deliver. ``value`` None is a tombstone; ``key`` None is no key."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEvent:
+    """A key hand-off event for the app; ``event_id`` is what it acknowledges."""
+
+    type: KeyEventType
+    topic: str
+    partition: int
+    generation: int
+    event_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """A group's committed offset (the next to read), as Kafka stores it."""
+
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+
+
+class CreateConsumerResponseBody(TypedDict):
+    instance_id: str
+    base_uri: str
+
+
+class PartitionEntry(TypedDict):
+    topic: str
+    partition: int
+
+
+class SubscriptionResponseBody(TypedDict):
+    topics: list[str]
+
+
+class AssignmentsResponseBody(TypedDict):
+    partitions: list[PartitionEntry]
+
+
+class CommittedOffsetEntry(TypedDict):
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+
+
+class CommittedOffsetsResponseBody(TypedDict):
+    offsets: list[CommittedOffsetEntry]
+
+
+class KeyEventEntry(TypedDict):
+    type: str
+    topic: str
+    partition: int
+    generation: int
+    event_id: int
+
+
+# Create ----------------------------------------------------------------------------------
+
+
+def decode_create_consumer(
+    body: bytes, *, content_type: str | None, allow_remote_callbacks: bool = False
+) -> CreateConsumerRequest:
+    """Validate ``POST /consumers/{group}``; no body creates a binary consumer.
+
+    Raises UnsupportedMediaType (content type) or BadRequest (not JSON, wrong shape, a
+    value out of range or not servable, a callback URL that is not loopback while
+    ``allow_remote_callbacks`` is False).
+    """
+    document = _parse_optional_object(body, content_type) or {}
+    _refuse_unknown_fields(document, _CREATE_KNOWN_FIELDS, "request", BadRequest)
+    fields = _resolve_aliases(document)
+    callback_url = _decode_callback_url(fields.get("callback_url"), allow_remote_callbacks)
+    callback_timeout_ms = _strict_int(
+        fields.get("callback_timeout_ms"), "callback_timeout_ms", 1, MAX_CALLBACK_TIMEOUT_MS
+    )
+    if callback_timeout_ms is not None and callback_url is None:
+        raise BadRequest("callback_timeout_ms is set without callback_url")
+    fetch_min_bytes = _config_int(
+        fields.get("fetch.min.bytes"), "fetch.min.bytes", -1, MAX_FETCH_MIN_BYTES
+    )
+    return CreateConsumerRequest(
+        name=_decode_instance_name(fields.get("name")),
+        format=_decode_format(fields.get("format")),
+        auto_offset_reset=_decode_offset_reset(fields.get("auto.offset.reset")),
+        auto_commit=_decode_auto_commit(fields.get("auto.commit.enable")),
+        fetch_min_bytes=None if fetch_min_bytes == -1 else fetch_min_bytes,
+        request_timeout_ms=_config_int(
+            fields.get("consumer.request.timeout.ms"),
+            "consumer.request.timeout.ms",
+            0,
+            MAX_REQUEST_TIMEOUT_MS,
+        ),
+        callback_url=callback_url,
+        callback_timeout_ms=callback_timeout_ms,
+    )
+
+
+def _resolve_aliases(document: Mapping[str, object]) -> dict[str, object]:
+    fields = {name: value for name, value in document.items() if value is not None}
+    for alias, field in _CREATE_ALIASES.items():
+        if alias not in fields:
+            continue
+        value = fields.pop(alias)
+        if field in fields and fields[field] != value:
+            raise BadRequest(
+                f"{alias} {value!r} conflicts with {field} {fields[field]!r}; "
+                f"{alias} is a deprecated spelling of {field}, send only {field}"
+            )
+        fields[field] = value
+    return fields
+
+
+def _decode_instance_name(raw: object) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or _INSTANCE_NAME.fullmatch(raw) is None or raw in (".", ".."):
+        raise BadRequest(
+            f"name must be 1 to {MAX_INSTANCE_NAME_LENGTH} of A-Z a-z 0-9 - . _ ~ "
+            f"(not '.' or '..'), got {raw!r}"
+        )
+    return raw
+
+
+def _decode_format(raw: object) -> EmbeddedFormat:
+    if raw is None:
+        return EmbeddedFormat.BINARY
+    if not isinstance(raw, str):
+        raise BadRequest(f"format must be a string, got {_json_type(raw)}")
+    name = raw.lower()
+    if name in _SCHEMA_FORMATS:
+        raise InvalidConsumerConfig(
+            f"format {raw!r} needs a schema registry, which this sidecar does not use; "
+            "use binary or json"
+        )
+    try:
+        return EmbeddedFormat(name)
+    except ValueError:
+        raise InvalidConsumerConfig(f"format must be binary or json, got {raw!r}") from None
+
+
+def _decode_offset_reset(raw: object) -> AutoOffsetReset | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        try:
+            return AutoOffsetReset(raw.lower())
+        except ValueError:
+            pass
+    raise BadRequest(f"auto.offset.reset must be earliest, latest or none, got {raw!r}")
+
+
+def _decode_auto_commit(raw: object) -> bool | None:
+    if raw is None or isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _BOOLEANS:
+        return _BOOLEANS[raw.strip().lower()]
+    raise BadRequest(f'auto.commit.enable must be "true" or "false", got {raw!r}')
+
+
+def _config_int(raw: object, field: str, low: int, high: int) -> int | None:
+    if raw is None:
+        return None
+    # REST Proxy reads these as Integer, which Jackson also fills from a decimal string.
+    value = raw
+    if isinstance(raw, str) and _SIGNED_DECIMAL.fullmatch(raw.strip()) is not None:
+        value = int(raw.strip())
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadRequest(f"{field} must be an integer from {low} to {high}, got {raw!r}")
+    return value
+
+
+def _strict_int(raw: object, where: str, low: int, high: int) -> int | None:
+    return None if raw is None else _int_in_range(raw, where, low, high)
+
+
+def _int_in_range(raw: object, where: str, low: int, high: int) -> int:
+    # bool is an int in Python but true is not a number.
+    if not isinstance(raw, int) or isinstance(raw, bool) or not low <= raw <= high:
+        raise BadRequest(f"{where} must be an integer from {low} to {high}, got {raw!r}")
+    return raw
+
+
+def _decode_callback_url(raw: object, allow_remote: bool) -> str | None:
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, str)
+        or len(raw) > MAX_CALLBACK_URL_LENGTH
+        or _VISIBLE_ASCII.fullmatch(raw) is None
+    ):
+        raise BadRequest(
+            f"callback_url must be an http URL of at most {MAX_CALLBACK_URL_LENGTH} visible "
+            f"ASCII characters, got {raw!r}"
+        )
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise BadRequest(f"callback_url {raw!r} is not a valid URL: {exc}") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise BadRequest(f"callback_url must be an absolute http or https URL, got {raw!r}")
+    if parts.username is not None or parts.password is not None:
+        raise BadRequest("callback_url must not carry credentials (user:password@)")
+    if not allow_remote and not _is_loopback(parts.hostname):
+        raise BadRequest(
+            f"callback_url host {parts.hostname!r} is not a loopback host (127.0.0.0/8, ::1 "
+            "or localhost); this sidecar calls back only its own application"
+        )
+    return raw
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":  # urlsplit has already lowered the case
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    # Spelled out: Python 3.13 also counts ::ffff:127.0.0.1 as loopback, 3.11 does not.
+    return address == _IPV6_LOOPBACK or (address.version == 4 and address.is_loopback)
+
+
+def consumer_instance_uri(base_url: str, group: str, instance_id: str) -> str:
+    """The instance's URL: ``{base_url}/consumers/{group}/instances/{instance_id}``.
+
+    ``base_url`` is the sidecar's address as the app reaches it (scheme, host, port and
+    any path prefix); group and instance are percent-encoded as path segments.
+    """
+    return (
+        f"{base_url.rstrip('/')}/consumers/{quote(group, safe='')}"
+        f"/instances/{quote(instance_id, safe='')}"
+    )
+
+
+def create_consumer_body(
+    instance_id: str, *, base_url: str, group: str
+) -> CreateConsumerResponseBody:
+    """The REST Proxy v2 answer to a created consumer instance."""
+    return {
+        "instance_id": instance_id,
+        "base_uri": consumer_instance_uri(base_url, group, instance_id),
+    }
+
+
+# Subscription and assignment -------------------------------------------------------------
+
+
+def decode_subscription(body: bytes, *, content_type: str | None) -> Subscription:
+    """Validate ``POST subscription``: exactly one of ``topics`` and ``topic_pattern``.
+
+    Raises UnsupportedMediaType (content type) or BadRequest (shape, a topic name Kafka
+    refuses, a topic named twice, a pattern that is not a Python regex).
+    """
+    document = _parse_object(body, content_type)
+    _refuse_unknown_fields(document, _SUBSCRIPTION_FIELDS, "request", BadRequest)
+    topics = document.get("topics")
+    pattern = document.get("topic_pattern")
+    if (topics is None) == (pattern is None):
+        raise BadRequest("send exactly one of topics and topic_pattern")
+    if pattern is not None:
+        return SubscribePattern(_decode_pattern(pattern))
+    raw_topics = _list_field(topics, "topics")
+    if not raw_topics:
+        raise BadRequest("topics is empty; DELETE the subscription to unsubscribe")
+    names = tuple(_decode_topic(raw, f"topics[{i}]") for i, raw in enumerate(raw_topics))
+    _refuse_repeats(names, "topics", repr)
+    return SubscribeTopics(names)
+
+
+def _decode_pattern(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise BadRequest(f"topic_pattern must be a string, got {_json_type(raw)}")
+    if not 1 <= len(raw) <= MAX_TOPIC_PATTERN_LENGTH:
+        raise BadRequest(
+            f"topic_pattern must be 1 to {MAX_TOPIC_PATTERN_LENGTH} characters, got {len(raw)}"
+        )
+    try:
+        re.compile(raw)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise BadRequest(
+            f"topic_pattern {raw!r} is not a valid regular expression: {exc}"
+        ) from None
+    return raw
+
+
+def subscription_body(topics: Sequence[str]) -> SubscriptionResponseBody:
+    """``GET subscription``: the subscribed topics (for a pattern, those it matches now)."""
+    return {"topics": list(topics)}
+
+
+def decode_assignments(body: bytes, *, content_type: str | None) -> tuple[PartitionRef, ...]:
+    """Validate ``POST assignments`` ``{"partitions": [...]}``; an empty list assigns none.
+
+    Raises UnsupportedMediaType or BadRequest (shape, topic, partition, a repeat).
+    """
+    return _partitions_document(body, content_type)
+
+
+def assignments_body(partitions: Sequence[PartitionRef]) -> AssignmentsResponseBody:
+    """``GET assignments``: the partitions assigned to the instance."""
+    return {"partitions": [_partition_entry(ref) for ref in partitions]}
+
+
+# Records ---------------------------------------------------------------------------------
+
+
+def decode_records_query(
+    query: Mapping[str, str], *, default_timeout_ms: int, max_bytes_limit: int
+) -> RecordsQuery:
+    """``GET records`` ``timeout`` (ms) and ``max_bytes``, as REST Proxy reads them.
+
+    Absent or at most 0 means ``default_timeout_ms`` / ``max_bytes_limit``; larger values
+    are capped at them. ``query`` may be a multidict; a parameter repeated with different
+    values is refused. Raises BadRequest for a value that is not a decimal integer.
+    """
+    timeout = _query_int(query, "timeout")
+    max_bytes = _query_int(query, "max_bytes")
+    return RecordsQuery(
+        timeout_ms=(
+            default_timeout_ms
+            if timeout is None or timeout <= 0
+            else min(timeout, default_timeout_ms)
+        ),
+        max_bytes=(
+            max_bytes_limit
+            if max_bytes is None or max_bytes <= 0
+            else min(max_bytes, max_bytes_limit)
+        ),
+    )
+
+
+def _query_int(query: Mapping[str, str], name: str) -> int | None:
+    values = {value.strip() for key, value in query.items() if key == name}
+    if len(values) > 1:
+        raise BadRequest(f"query parameter {name} is sent more than once with different values")
+    if not values:
+        return None
+    raw = values.pop()
+    # int() alone would also take "+5", "1_000" and non-ASCII digits.
+    if _SIGNED_DECIMAL.fullmatch(raw) is None or not _MIN_INT64 <= int(raw) <= _MAX_INT64:
+        unit = " (milliseconds)" if name == "timeout" else ""
+        raise BadRequest(f"query parameter {name} must be a decimal integer{unit}, got {raw!r}")
+    return int(raw)
+
+
+def records_content_type(accept: str | None, fmt: EmbeddedFormat) -> str:
+    """The content type to answer ``GET records`` with, given its ``Accept`` header.
+
+    Raises NotAcceptable (406, 40601 as REST Proxy) when no acceptable media range fits
+    the instance's format ``fmt``.
+    """
+    own = records_media_type(fmt)
+    if accept is None or not accept.strip():
+        return own
+    asked: list[str] = []
+    for media_range in accept.split(","):
+        media_type, *parameters = (part.strip() for part in media_range.split(";"))
+        media_type = media_type.lower()
+        if not media_type or not _acceptable(parameters):
+            continue
+        if media_type == own or media_type in _GENERIC_ACCEPT:
+            return own
+        asked.append(media_type)
+    formats = [m.group(1) for m in map(_EMBEDDED_MEDIA_TYPE.fullmatch, asked) if m is not None]
+    if formats:
+        raise NotAcceptable(
+            f"Accept asks for {' or '.join(formats)} records but this consumer instance was "
+            f"created with format {fmt.value}; accept {own}"
+        )
+    raise NotAcceptable(f"Accept {accept!r} does not include {own}")
+
+
+def _acceptable(parameters: Sequence[str]) -> bool:
+    # RFC 9110 §12.4.2: q=0 means "not acceptable"; an unreadable weight is read the same.
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                return float(value.strip()) > 0  # NaN is not > 0 either
+            except ValueError:
+                return False
+    return True
+
+
+def encode_records_response(
+    items: Sequence[ConsumedRecord | KeyEvent], fmt: EmbeddedFormat
+) -> bytes:
+    """The ``GET records`` body: a JSON array of records (and key events) in order.
+
+    Records are ``{"topic", "key", "value", "partition", "offset", "headers"?}``, keys
+    and values base64 (binary) or embedded JSON (json). Raises InvalidRecord when ``fmt``
+    is json and a key or value is not JSON; the message names the record.
+    """
+    entries = (
+        _record_entry(item, fmt) if isinstance(item, ConsumedRecord) else _event_json(item)
+        for item in items
+    )
+    return f"[{','.join(entries)}]".encode()
+
+
+def _record_entry(record: ConsumedRecord, fmt: EmbeddedFormat) -> str:
+    key = _embed(record.key, fmt, record, "key")
+    value = _embed(record.value, fmt, record, "value")
+    headers = ""
+    if record.headers:
+        entries = ",".join(
+            f'{{"name":{json.dumps(name)},"value":{_base64_or_null(data)}}}'
+            for name, data in record.headers
+        )
+        headers = f',"headers":[{entries}]'
+    return (
+        f'{{"topic":{json.dumps(record.topic)},"key":{key},"value":{value},'
+        f'"partition":{record.partition},"offset":{record.offset}{headers}}}'
+    )
+
+
+def _embed(data: bytes | None, fmt: EmbeddedFormat, record: ConsumedRecord, field: str) -> str:
+    if fmt is EmbeddedFormat.BINARY:
+        return _base64_or_null(data)
+    # KafkaJsonDeserializer reads no bytes and empty bytes alike as null.
+    if not data:
+        return "null"
+    where = f"record {record.topic}-{record.partition} offset {record.offset}: {field}"
+    try:
+        text = data.decode("utf-8")
+        # Only validated, never converted: the text is embedded as it is, so that numbers
+        # keep their exact digits (Python would turn 1e400 into inf and refuse 5000 digits).
+        json.loads(text, parse_constant=_not_json, parse_int=_ignore, parse_float=_ignore)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidRecord(
+            f"{where} is not JSON ({reason}); read it with a binary consumer, or seek past it"
+        ) from None
+    return text.strip(" \t\r\n")
+
+
+def _not_json(name: str) -> NoReturn:
+    # Python's json accepts NaN and Infinity; JSON does not, nor will the app's parser.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _ignore(text: str) -> None:
+    return None
+
+
+def _base64_or_null(data: bytes | None) -> str:
+    return "null" if data is None else f'"{base64.b64encode(data).decode("ascii")}"'
+
+
+# Offsets and positions -------------------------------------------------------------------
+
+
+def decode_commit_offsets(
+    body: bytes, *, content_type: str | None
+) -> tuple[OffsetToCommit, ...] | None:
+    """Validate ``POST offsets``; None means "commit everything delivered".
+
+    Raises UnsupportedMediaType or BadRequest (shape, topic, partition, offset, metadata,
+    a partition named twice).
+    """
+    document = _parse_optional_object(body, content_type)
+    if document is None:
+        return None
+    _refuse_unknown_fields(document, frozenset({"offsets"}), "request", BadRequest)
+    if document.get("offsets") is None:
+        return None
+    raw_offsets = _list_field(document["offsets"], "offsets")
+    offsets = tuple(
+        _decode_offset_to_commit(raw, f"offsets[{i}]") for i, raw in enumerate(raw_offsets)
+    )
+    _refuse_repeats(offsets, "offsets", _partition_name)
+    return offsets
+
+
+def _decode_offset_to_commit(raw: object, where: str) -> OffsetToCommit:
+    entry = _object_entry(raw, where, _OFFSET_FIELDS)
+    # Kafka stores offset + 1, which must still be an int64.
+    offset = _required_int(entry, "offset", where, 0, MAX_OFFSET - 1)
+    metadata = entry.get("metadata")
+    if metadata is not None and not isinstance(metadata, str):
+        raise BadRequest(f"{where}.metadata must be a string, got {_json_type(metadata)}")
+    return OffsetToCommit(
+        topic=_decode_topic(entry.get("topic"), f"{where}.topic"),
+        partition=_required_int(entry, "partition", where, 0, MAX_PARTITION),
+        offset=offset,
+        metadata=metadata,
+    )
+
+
+def decode_committed_request(body: bytes, *, content_type: str | None) -> tuple[PartitionRef, ...]:
+    """Validate the body of ``GET offsets``: ``{"partitions": [...]}``.
+
+    Raises UnsupportedMediaType or BadRequest (no body, shape, topic, partition, a repeat).
+    """
+    return _partitions_document(body, content_type)
+
+
+def committed_offsets_body(offsets: Sequence[CommittedOffset]) -> CommittedOffsetsResponseBody:
+    """``GET offsets``: committed offsets as Kafka stores them (leave uncommitted ones out)."""
+    return {
+        "offsets": [
+            {
+                "topic": committed.topic,
+                "partition": committed.partition,
+                "offset": committed.offset,
+                "metadata": committed.metadata,
+            }
+            for committed in offsets
+        ]
+    }
+
+
+def decode_seek(body: bytes, *, content_type: str | None) -> SeekRequest:
+    """Validate ``POST positions``: ``{"offsets": [...]}`` and/or ``{"timestamps": [...]}``.
+
+    A ``metadata`` the proxy allows in each entry is accepted and dropped (a seek stores
+    nothing). Timestamps are ISO-8601 strings with a time zone. Raises
+    UnsupportedMediaType or BadRequest (shape, topic, partition, offset, timestamp, a
+    partition named twice across both lists).
+    """
+    document = _parse_object(body, content_type)
+    _refuse_unknown_fields(document, frozenset({"offsets", "timestamps"}), "request", BadRequest)
+    raw_offsets = _optional_list(document, "offsets")
+    raw_timestamps = _optional_list(document, "timestamps")
+    if raw_offsets is None and raw_timestamps is None:
+        raise BadRequest("offsets is missing")
+    offsets = tuple(
+        _decode_seek_offset(raw, f"offsets[{i}]") for i, raw in enumerate(raw_offsets or [])
+    )
+    timestamps = tuple(
+        _decode_seek_timestamp(raw, f"timestamps[{i}]")
+        for i, raw in enumerate(raw_timestamps or [])
+    )
+    positions: tuple[SeekOffset | SeekTimestamp, ...] = (*offsets, *timestamps)
+    _refuse_repeats(positions, "offsets and timestamps", _partition_name)
+    return SeekRequest(offsets=offsets, timestamps=timestamps)
+
+
+def _decode_seek_offset(raw: object, where: str) -> SeekOffset:
+    entry = _object_entry(raw, where, _OFFSET_FIELDS)
+    return SeekOffset(
+        topic=_decode_topic(entry.get("topic"), f"{where}.topic"),
+        partition=_required_int(entry, "partition", where, 0, MAX_PARTITION),
+        offset=_required_int(entry, "offset", where, 0, MAX_OFFSET),
+    )
+
+
+def _decode_seek_timestamp(raw: object, where: str) -> SeekTimestamp:
+    entry = _object_entry(raw, where, _TIMESTAMP_FIELDS)
+    return SeekTimestamp(
+        topic=_decode_topic(entry.get("topic"), f"{where}.topic"),
+        partition=_required_int(entry, "partition", where, 0, MAX_PARTITION),
+        timestamp_ms=_decode_timestamp(entry.get("timestamp"), f"{where}.timestamp"),
+    )
+
+
+def _decode_timestamp(raw: object, where: str) -> int:
+    problem = f"{where} must be an ISO-8601 date-time with a time zone, from 1970, got {raw!r}"
+    if not isinstance(raw, str):
+        raise BadRequest(problem)
+    try:
+        moment = datetime.datetime.fromisoformat(raw)
+    except ValueError:
+        raise BadRequest(problem) from None
+    # A moment without a zone would be read in the sidecar's zone, not the app's.
+    if moment.tzinfo is None or moment < _EPOCH:
+        raise BadRequest(problem)
+    return (moment - _EPOCH) // _MILLISECOND
+
+
+def decode_seek_partitions(body: bytes, *, content_type: str | None) -> tuple[PartitionRef, ...]:
+    """Validate ``POST positions/beginning`` or ``/end``: ``{"partitions": [...]}``.
+
+    Raises UnsupportedMediaType or BadRequest (shape, topic, partition, a repeat).
+    """
+    return _partitions_document(body, content_type)
+
+
+# Key hand-off events ---------------------------------------------------------------------
+
+
+def key_events_body(events: Sequence[KeyEvent]) -> list[KeyEventEntry]:
+    """Key hand-off events as JSON objects, in order."""
+    return [_event_entry(event) for event in events]
+
+
+def encode_key_events(events: Sequence[KeyEvent]) -> bytes:
+    """``key_events_body`` as a UTF-8 JSON array."""
+    return encode_response(key_events_body(events))
+
+
+def _event_entry(event: KeyEvent) -> KeyEventEntry:
+    return {
+        "type": event.type.value,
+        "topic": event.topic,
+        "partition": event.partition,
+        "generation": event.generation,
+        "event_id": event.event_id,
+    }
+
+
+def _event_json(event: KeyEvent) -> str:
+    return json.dumps(_event_entry(event), separators=(",", ":"))
+
+
+def decode_event_ack(body: bytes, *, content_type: str | None) -> tuple[int, ...]:
+    """Validate ``POST events/ack`` ``{"event_ids": [...]}``: the events the app finished.
+
+    Raises UnsupportedMediaType or BadRequest (shape, an id that is not an integer from
+    0 to ``MAX_EVENT_ID``, an id sent twice).
+    """
+    document = _parse_object(body, content_type)
+    _refuse_unknown_fields(document, frozenset({"event_ids"}), "request", BadRequest)
+    raw_ids = _list_field(document.get("event_ids"), "event_ids")
+    event_ids = tuple(
+        _int_in_range(raw, f"event_ids[{i}]", 0, MAX_EVENT_ID) for i, raw in enumerate(raw_ids)
+    )
+    _refuse_repeats(event_ids, "event_ids", str)
+    return event_ids
+
+
+# Shared ----------------------------------------------------------------------------------
+
+
+def encode_response(body: object) -> bytes:
+    """A response body as compact UTF-8 JSON, to send as ``V2_RESPONSE_CONTENT_TYPE``."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _check_content_type(content_type: str | None, has_body: bool) -> None:
+    if content_type is None or not content_type.strip():
+        if has_body:
+            raise UnsupportedMediaType("Content-Type is missing; use application/vnd.kafka.v2+json")
+        return
+    media_type, *parameters = (part.strip() for part in content_type.split(";"))
+    media_type = media_type.lower()
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in _UTF8_CHARSETS:
+            raise UnsupportedMediaType(f"charset {charset!r} is not supported; JSON is UTF-8")
+    if media_type not in _REQUEST_MEDIA_TYPES:
+        raise UnsupportedMediaType(
+            f"content type {media_type!r} is not supported; use application/vnd.kafka.v2+json"
+        )
+
+
+def _parse_object(body: bytes, content_type: str | None) -> dict[str, object]:
+    document = _parse_optional_object(body, content_type)
+    if document is None:
+        raise BadRequest("request body is missing; send a JSON object")
+    return document
+
+
+def _parse_optional_object(body: bytes, content_type: str | None) -> dict[str, object] | None:
+    """The body's JSON object, or None for no body, an empty one or ``null``."""
+    has_body = bool(body.strip())
+    _check_content_type(content_type, has_body=has_body)
+    if not has_body:
+        return None
+    document = _parse_json(body)
+    if document is None:
+        return None
+    if not isinstance(document, dict):
+        raise BadRequest(f"request body must be a JSON object, got {_json_type(document)}")
+    return document
+
+
+def _partitions_document(body: bytes, content_type: str | None) -> tuple[PartitionRef, ...]:
+    document = _parse_object(body, content_type)
+    _refuse_unknown_fields(document, frozenset({"partitions"}), "request", BadRequest)
+    raw_partitions = _list_field(document.get("partitions"), "partitions")
+    refs = tuple(
+        _decode_partition_ref(raw, f"partitions[{i}]") for i, raw in enumerate(raw_partitions)
+    )
+    _refuse_repeats(refs, "partitions", _partition_name)
+    return refs
+
+
+def _decode_partition_ref(raw: object, where: str) -> PartitionRef:
+    entry = _object_entry(raw, where, _PARTITION_FIELDS)
+    return PartitionRef(
+        topic=_decode_topic(entry.get("topic"), f"{where}.topic"),
+        partition=_required_int(entry, "partition", where, 0, MAX_PARTITION),
+    )
+
+
+def _partition_entry(ref: PartitionRef) -> PartitionEntry:
+    return {"topic": ref.topic, "partition": ref.partition}
+
+
+def _object_entry(raw: object, where: str, known: frozenset[str]) -> dict[str, object]:
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{where} must be a JSON object, got {_json_type(raw)}")
+    _refuse_unknown_fields(raw, known, where, BadRequest)
+    return raw
+
+
+def _list_field(raw: object, field: str) -> list[object]:
+    if raw is None:
+        raise BadRequest(f"{field} is missing")
+    if not isinstance(raw, list):
+        raise BadRequest(f"{field} must be an array, got {_json_type(raw)}")
+    return raw
+
+
+def _optional_list(document: Mapping[str, object], field: str) -> list[object] | None:
+    raw = document.get(field)
+    return None if raw is None else _list_field(raw, field)
+
+
+def _decode_topic(raw: object, where: str) -> str:
+    if not isinstance(raw, str):
+        raise BadRequest(
+            f"{where} is missing" if raw is None else f"{where} must be a string, got {raw!r}"
+        )
+    if _TOPIC_NAME.fullmatch(raw) is None or raw in (".", ".."):
+        raise BadRequest(
+            f"{where} {raw!r} is not a topic name: use 1-249 of a-z A-Z 0-9 . _ - (not '.' or '..')"
+        )
+    return raw
+
+
+def _required_int(entry: Mapping[str, object], field: str, where: str, low: int, high: int) -> int:
+    raw = entry.get(field)
+    if raw is None:
+        raise BadRequest(f"{where}.{field} is missing")
+    return _int_in_range(raw, f"{where}.{field}", low, high)
+
+
+class _OnePartition(Protocol):
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+
+
+def _partition_name(item: _OnePartition) -> str:
+    return f"{item.topic}-{item.partition}"
+
+
+def _refuse_repeats(items: Sequence[_Item], field: str, name: Callable[[_Item], str]) -> None:
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        key = name(item)
+        if key in first:
+            raise BadRequest(f"{field} names {key} twice (entries {first[key]} and {index})")
+        first[key] = index

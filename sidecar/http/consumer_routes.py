@@ -1,0 +1,254 @@
+"""HTTP handlers of the consumer API (REST Proxy v2 plus hand-off events).
+
+Decoding and encoding live in ``consumer_codec``; the behaviour in
+``sidecar.service.consumers``. Calls on one instance are serialized (its lock), as
+REST Proxy serializes them: a commit waits for a long poll of the same instance.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from aiohttp import web
+from aiokafka import TopicPartition
+
+from sidecar.core.errors import BadRequest, SidecarError
+from sidecar.http.consumer_codec import (
+    CommittedOffset,
+    ConsumedRecord,
+    KeyEvent,
+    PartitionRef,
+    SeekOffset,
+    SubscribeTopics,
+    assignments_body,
+    committed_offsets_body,
+    create_consumer_body,
+    decode_assignments,
+    decode_commit_offsets,
+    decode_committed_request,
+    decode_create_consumer,
+    decode_event_ack,
+    decode_records_query,
+    decode_seek,
+    decode_seek_partitions,
+    decode_subscription,
+    encode_records_response,
+    encode_response,
+    records_content_type,
+    subscription_body,
+)
+from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE, EmbeddedFormat
+from sidecar.service.consumers import (
+    ConsumerInstance,
+    Consumers,
+    InstanceConfig,
+    new_instance_name,
+)
+
+CONSUMERS_KEY: Final = web.AppKey("consumers", Consumers)
+
+DEFAULT_POLL_TIMEOUT_MS: Final = 1000
+"""REST Proxy's ``consumer.request.timeout.ms`` default; an instance may set its own."""
+MAX_POLL_BYTES: Final = 64 * 1024 * 1024
+# Group names become a ZooKeeper path segment: Kafka's topic characters only.
+_GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def add_routes(app: web.Application, consumers: Consumers) -> None:
+    app[CONSUMERS_KEY] = consumers
+    instance = "/consumers/{group}/instances/{name}"
+    app.router.add_post("/consumers/{group}", create)
+    app.router.add_delete(instance, delete)
+    app.router.add_post(f"{instance}/subscription", subscribe)
+    app.router.add_get(f"{instance}/subscription", get_subscription)
+    app.router.add_delete(f"{instance}/subscription", unsubscribe)
+    app.router.add_post(f"{instance}/assignments", assign)
+    app.router.add_get(f"{instance}/assignments", get_assignments)
+    app.router.add_get(f"{instance}/records", records)
+    app.router.add_post(f"{instance}/offsets", commit)
+    app.router.add_get(f"{instance}/offsets", committed)
+    app.router.add_post(f"{instance}/positions", seek)
+    app.router.add_post(f"{instance}/positions/beginning", seek_to_beginning)
+    app.router.add_post(f"{instance}/positions/end", seek_to_end)
+    app.router.add_post(f"{instance}/events/ack", acknowledge_events)
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(
+        body=encode_response(body), status=status, content_type=V2_RESPONSE_CONTENT_TYPE
+    )
+
+
+def _instance(request: web.Request) -> ConsumerInstance:
+    return request.app[CONSUMERS_KEY].get(request.match_info["group"], request.match_info["name"])
+
+
+async def create(request: web.Request) -> web.Response:
+    group = request.match_info["group"]
+    if not _GROUP_NAME.fullmatch(group):
+        raise BadRequest(f"invalid group name {group!r}: use 1-249 of a-z A-Z 0-9 . _ -")
+    decoded = decode_create_consumer(
+        await request.read(), content_type=request.headers.get("Content-Type")
+    )
+    config = InstanceConfig(
+        group=group,
+        name=decoded.name or new_instance_name(),
+        format=decoded.format.value,
+        auto_offset_reset=(decoded.auto_offset_reset or "latest"),
+        auto_commit=bool(decoded.auto_commit),
+        callback_url=decoded.callback_url,
+        callback_timeout_s=(decoded.callback_timeout_ms or 5000) / 1000,
+        poll_timeout_ms=decoded.request_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
+    )
+    await request.app[CONSUMERS_KEY].create(config)
+    base_url = f"{request.scheme}://{request.host}"
+    return _json(create_consumer_body(config.name, base_url=base_url, group=group))
+
+
+async def delete(request: web.Request) -> web.Response:
+    await request.app[CONSUMERS_KEY].delete(request.match_info["group"], request.match_info["name"])
+    return web.Response(status=204)
+
+
+async def subscribe(request: web.Request) -> web.Response:
+    instance = _instance(request)
+    decoded = decode_subscription(
+        await request.read(), content_type=request.headers.get("Content-Type")
+    )
+    async with instance.lock:
+        if isinstance(decoded, SubscribeTopics):
+            await instance.subscribe(decoded.topics, None)
+        else:
+            await instance.subscribe(None, decoded.pattern)
+    return web.Response(status=204)
+
+
+async def get_subscription(request: web.Request) -> web.Response:
+    return _json(subscription_body(_instance(request).subscription))
+
+
+async def unsubscribe(request: web.Request) -> web.Response:
+    instance = _instance(request)
+    async with instance.lock:
+        await instance.unsubscribe()
+    return web.Response(status=204)
+
+
+async def assign(request: web.Request) -> web.Response:
+    instance = _instance(request)
+    partitions = decode_assignments(
+        await request.read(), content_type=request.headers.get("Content-Type")
+    )
+    async with instance.lock:
+        await instance.assign_manually([TopicPartition(p.topic, p.partition) for p in partitions])
+    return web.Response(status=204)
+
+
+async def get_assignments(request: web.Request) -> web.Response:
+    partitions = [PartitionRef(tp.topic, tp.partition) for tp in _instance(request).assignment()]
+    return _json(assignments_body(partitions))
+
+
+async def records(request: web.Request) -> web.Response:
+    instance = _instance(request)
+    fmt = EmbeddedFormat(instance.config.format)
+    content_type = records_content_type(request.headers.get("Accept"), fmt)
+    query = decode_records_query(
+        request.query,
+        default_timeout_ms=instance.config.poll_timeout_ms,
+        max_bytes_limit=MAX_POLL_BYTES,
+    )
+    async with instance.lock:
+        result = await instance.poll(query.timeout_ms / 1000, query.max_bytes)
+        items: list[ConsumedRecord | KeyEvent] = [
+            KeyEvent(e.kind, e.topic, e.partition, e.generation, e.event_id) for e in result.events
+        ]
+        items += [
+            ConsumedRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers))
+            for r in result.records
+        ]
+        try:
+            body = encode_records_response(items, fmt)
+        except SidecarError:
+            # Not sent, so not delivered: the next poll starts from the same records.
+            instance.undeliver(result)
+            raise
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def commit(request: web.Request) -> web.Response:
+    instance = _instance(request)
+    offsets = decode_commit_offsets(
+        await request.read(), content_type=request.headers.get("Content-Type")
+    )
+    async with instance.lock:
+        if offsets is None:
+            await instance.commit(None)
+        else:
+            await instance.commit(
+                {TopicPartition(o.topic, o.partition): o.next_offset for o in offsets}
+            )
+    return web.Response(status=204)
+
+
+async def committed(request: web.Request) -> web.Response:
+    instance = _instance(request)
+    partitions = decode_committed_request(
+        await request.read(), content_type=request.headers.get("Content-Type")
+    )
+    async with instance.lock:
+        found = await instance.committed([TopicPartition(p.topic, p.partition) for p in partitions])
+    return _json(
+        committed_offsets_body(
+            [CommittedOffset(tp.topic, tp.partition, offset, "") for tp, offset in found.items()]
+        )
+    )
+
+
+async def seek(request: web.Request) -> web.Response:
+    instance = _instance(request)
+    decoded = decode_seek(await request.read(), content_type=request.headers.get("Content-Type"))
+    async with instance.lock:
+        await instance.seek(
+            {
+                TopicPartition(o.topic, o.partition): o.offset
+                for o in decoded.offsets
+                if isinstance(o, SeekOffset)
+            }
+        )
+        if decoded.timestamps:
+            await instance.seek_to_timestamps(
+                {TopicPartition(t.topic, t.partition): t.timestamp_ms for t in decoded.timestamps}
+            )
+    return web.Response(status=204)
+
+
+async def seek_to_beginning(request: web.Request) -> web.Response:
+    return await _seek_to(request, beginning=True)
+
+
+async def seek_to_end(request: web.Request) -> web.Response:
+    return await _seek_to(request, beginning=False)
+
+
+async def _seek_to(request: web.Request, *, beginning: bool) -> web.Response:
+    instance = _instance(request)
+    partitions = decode_seek_partitions(
+        await request.read(), content_type=request.headers.get("Content-Type")
+    )
+    async with instance.lock:
+        await instance.seek_to(
+            [TopicPartition(p.topic, p.partition) for p in partitions], beginning=beginning
+        )
+    return web.Response(status=204)
+
+
+async def acknowledge_events(request: web.Request) -> web.Response:
+    instance = _instance(request)
+    event_ids = decode_event_ack(
+        await request.read(), content_type=request.headers.get("Content-Type")
+    )
+    async with instance.lock:
+        instance.acknowledge_events(event_ids)
+    return web.Response(status=204)

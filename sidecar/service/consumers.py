@@ -1,0 +1,805 @@
+"""The consume path: REST consumer instances whose deliveries pass the gate.
+
+Each instance is one aiokafka consumer in its Kafka group. Records are fetched into
+per-partition buffers and released to the app only at delivery time, one partition
+head at a time, when the core's gate is open for it (DESIGN §6). The gate is judged
+from the group's *committed* offsets in Kafka, log-start offsets and partition modes,
+so it is the same for every instance of the group and survives restarts and
+rebalances; nothing relies on pausing (aiokafka forgets pauses on a rebalance).
+
+Waiting instances announce their waits in ZooKeeper; an owner of a blocking partition
+that auto-commits commits at once when someone waits past its delivered position,
+instead of at its next commit interval.
+
+Key hand-off (``sidecar.core.handoff``): before a commit of ``q`` reaches a boundary
+where ``q``'s keys moved away, the app is told "keys revoked"; before the first gated
+record of ``p`` is delivered, "keys assigned". Either by calling the app's callback URL
+(and waiting for a 2xx), or as events in the poll response that the app acknowledges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+
+from sidecar.core.assignment import assign
+from sidecar.core.errors import (
+    BadRequest,
+    CallbackFailed,
+    ConsumerStateConflict,
+    KafkaUnavailable,
+    SidecarError,
+    UnknownConsumerInstance,
+)
+from sidecar.core.gate import GroupProgress, gate
+from sidecar.core.generations import ChangeKind, PartitionMode
+from sidecar.core.handoff import HandoffKind, Revocation, is_gated, revocations_crossed
+from sidecar.core.placement import GENERATION_HEADER, RELOCATION_HEADER, SIDECAR_HEADER
+from sidecar.service.sidecar import Sidecar, TopicRuntime
+
+_log = logging.getLogger(__name__)
+
+GATE_RECHECK_S = 0.05
+"""How often a waiting poll re-reads the group's committed offsets."""
+BUFFER_LIMIT = 2000
+"""Records buffered per partition before fetching from it pauses."""
+AUTO_COMMIT_INTERVAL_S = 5.0
+CALLBACK_RETRY_S = 0.2
+
+
+@dataclass(frozen=True)
+class HandoffEvent:
+    event_id: int
+    kind: HandoffKind
+    topic: str
+    partition: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    group: str
+    name: str
+    format: str
+    """"binary" or "json": how the HTTP layer encodes keys and values."""
+    auto_offset_reset: str = "latest"
+    auto_commit: bool = False
+    callback_url: str | None = None
+    callback_timeout_s: float = 5.0
+    poll_timeout_ms: int = 1000
+    """Default (and longest) wait of a records request, as REST Proxy's
+    ``consumer.request.timeout.ms``."""
+
+
+@dataclass
+class Delivered:
+    """A record released to the app."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    source: ConsumerRecord[bytes, bytes]
+
+
+@dataclass
+class PollResult:
+    records: list[Delivered]
+    events: list[HandoffEvent]
+
+
+@dataclass
+class _PartitionState:
+    buffer: deque[ConsumerRecord[bytes, bytes]] = field(default_factory=deque)
+    delivered: int | None = None
+    """Next offset after the last record released (or skipped) here; None: nothing yet."""
+    committed: int | None = None
+    """What this instance last committed (or read as the group's committed offset)."""
+
+
+class ConsumerInstance:
+    def __init__(self, config: InstanceConfig, sidecar: Sidecar, consumers: Consumers) -> None:
+        self.config = config
+        self.sidecar = sidecar
+        self.consumers = consumers
+        self.last_used = time.monotonic()
+        self.lock = asyncio.Lock()
+        self.subscription: list[str] = []
+        self.pattern: str | None = None
+        self.manual: list[TopicPartition] = []
+        self._partitions: dict[TopicPartition, _PartitionState] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self._announced: set[tuple[str, int, int]] = set()
+        self._revoked_acked: set[tuple[str, int, int]] = set()
+        self._events: dict[int, HandoffEvent] = {}
+        self._event_ids = itertools.count(1)
+        self._waits: dict[tuple[str, int, int], tuple[float, ChangeKind]] = {}
+        self._last_auto_commit = time.monotonic()
+        self._http: aiohttp.ClientSession | None = None
+
+    @property
+    def instance_id(self) -> str:
+        return self.config.name
+
+    # Subscription and assignment ----------------------------------------------------------
+
+    async def subscribe(self, topics: Sequence[str] | None, pattern: str | None) -> None:
+        consumer = await self._ensure_consumer()
+        if self.manual:
+            raise ConsumerStateConflict("the instance has manual assignments; delete them first")
+        self.subscription = list(topics or [])
+        self.pattern = pattern
+        if pattern is None:
+            consumer.subscribe(topics=self.subscription, listener=_Rebalance(self))
+        else:
+            consumer.subscribe(pattern=pattern, listener=_Rebalance(self))
+        for topic in self.subscription:
+            await self.sidecar.runtime(topic)  # load and watch managed topics now
+
+    async def unsubscribe(self) -> None:
+        if self._consumer is not None:
+            self._consumer.unsubscribe()
+        self.subscription, self.pattern = [], None
+        self._partitions.clear()
+
+    async def assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
+        consumer = await self._ensure_consumer()
+        if self.subscription or self.pattern:
+            raise ConsumerStateConflict("the instance is subscribed; unsubscribe first")
+        consumer.assign(list(partitions))
+        self.manual = list(partitions)
+        self._partitions = {tp: _PartitionState() for tp in partitions}
+
+    def assignment(self) -> list[TopicPartition]:
+        if self._consumer is None:
+            return []
+        return sorted(self._consumer.assignment())
+
+    # Polling ------------------------------------------------------------------------------
+
+    async def poll(self, timeout_s: float, max_bytes: int | None) -> PollResult:
+        """Records the gate lets through (and pending hand-off events), waiting up to
+        ``timeout_s`` for at least one. Raises ConsumerStateConflict if not subscribed."""
+        consumer = self._require_subscribed()
+        deadline = time.monotonic() + timeout_s
+        if self.config.auto_commit:
+            await self._auto_commit(force=False)
+        while True:
+            await self._fetch(consumer, max(0.0, min(GATE_RECHECK_S, deadline - time.monotonic())))
+            result = await self._release(max_bytes)
+            if result.records or result.events or time.monotonic() >= deadline:
+                return result
+            await self._help_waiters()
+            await asyncio.sleep(GATE_RECHECK_S)
+
+    def undeliver(self, result: PollResult) -> None:
+        """Put back records that were released but could not be sent to the app."""
+        for record in reversed(result.records):
+            tp = TopicPartition(record.topic, record.partition)
+            state = self._partitions.get(tp)
+            if state is None:
+                continue
+            state.buffer.appendleft(record.source)
+            state.delivered = record.offset
+
+    async def _fetch(self, consumer: AIOKafkaConsumer, wait_s: float) -> None:
+        assigned = consumer.assignment()
+        for tp in list(self._partitions):
+            if tp not in assigned:
+                self._partitions.pop(tp)
+        paused = []
+        for tp in assigned:
+            state = self._partitions.setdefault(tp, _PartitionState())
+            if len(state.buffer) >= BUFFER_LIMIT:
+                paused.append(tp)
+        # Re-applied every time: a rebalance forgets pauses.
+        consumer.resume(*[tp for tp in assigned if tp not in paused])
+        if paused:
+            consumer.pause(*paused)
+        if len(paused) == len(assigned):
+            return
+        try:
+            batches = await consumer.getmany(timeout_ms=int(wait_s * 1000))
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"fetching failed: {exc}") from exc
+        for tp, records in batches.items():
+            state = self._partitions.setdefault(tp, _PartitionState())
+            for record in records:
+                if state.buffer and record.offset <= state.buffer[-1].offset:
+                    continue  # refetched after a seek or rebalance
+                if state.delivered is not None and record.offset < state.delivered:
+                    continue
+                state.buffer.append(record)
+
+    async def _release(self, max_bytes: int | None) -> PollResult:
+        released: list[Delivered] = []
+        size = 0
+        events = list(self._events.values())
+        progress_by_topic: dict[str, GroupProgress] = {}
+        for tp in sorted(self._partitions):
+            state = self._partitions[tp]
+            runtime = await self.sidecar.runtime(tp.topic)
+            gated = runtime is not None and runtime.state.config.ordered_delivery
+            progress = None
+            if runtime is not None and gated and state.buffer:
+                if tp.topic not in progress_by_topic:
+                    progress_by_topic[tp.topic] = await self._progress(runtime, tp.topic)
+                progress = progress_by_topic[tp.topic]
+            while state.buffer:
+                record = state.buffer[0]
+                if runtime is not None and _header(record, RELOCATION_HEADER) == b"1":
+                    state.buffer.popleft()
+                    state.delivered = record.offset + 1
+                    continue
+                if runtime is not None and gated:
+                    assert progress is not None
+                    allowed = await self._gate_allows(runtime, progress, tp, record, events)
+                    if not allowed:
+                        break
+                record_size = len(record.key or b"") + len(record.value or b"")
+                if max_bytes is not None and released and size + record_size > max_bytes:
+                    return PollResult(released, events)
+                state.buffer.popleft()
+                state.delivered = record.offset + 1
+                size += record_size
+                released.append(_delivered(record))
+                self.consumers.metrics_delivered(tp.topic, tp.partition, record, runtime)
+            self._record_lag(tp, state)
+        return PollResult(released, events)
+
+    def _record_lag(self, tp: TopicPartition, state: _PartitionState) -> None:
+        if self._consumer is None or state.delivered is None:
+            return
+        highwater = self._consumer.highwater(tp)
+        if highwater is not None:
+            self.consumers.lag(self.config.group, tp, max(0, highwater - state.delivered))
+
+    async def _gate_allows(
+        self,
+        runtime: TopicRuntime,
+        progress: GroupProgress,
+        tp: TopicPartition,
+        record: ConsumerRecord[bytes, bytes],
+        events: list[HandoffEvent],
+    ) -> bool:
+        log = runtime.state.log
+        header_generation = _header(record, GENERATION_HEADER)
+        if header_generation is not None and int(header_generation) > log.current.number:
+            # Written under a generation this sidecar has not read yet: read, then decide.
+            await self.sidecar.refresh(runtime)
+            return False
+        try:
+            decision = gate(log, progress, tp.partition, record.offset)
+        except ValueError:
+            return False  # a partition the log does not know yet
+        if not decision.open:
+            for wait in decision.unmet:
+                await self._announce_wait(tp.topic, wait.source, wait.boundary, wait.kind)
+            return False
+        await self._clear_waits(tp.topic)
+        if is_gated(log, tp.partition, decision.generation):
+            key = (tp.topic, tp.partition, decision.generation)
+            if key not in self._announced:
+                announced = await self._announce(
+                    HandoffKind.KEYS_ASSIGNED, tp.topic, tp.partition, decision.generation, events
+                )
+                if not announced:
+                    return False
+                self._announced.add(key)
+        return True
+
+    async def _progress(self, runtime: TopicRuntime, topic: str) -> GroupProgress:
+        count = len(runtime.state.modes)
+        kafka = self.sidecar.kafka
+        committed = await kafka.committed_offsets(self.config.group, topic, count)
+        log_start = await kafka.log_start_offsets(topic, count)
+        return GroupProgress(committed, dict(enumerate(log_start)), runtime.state.modes)
+
+    async def _announce_wait(
+        self, topic: str, source: int, boundary: int, kind: ChangeKind
+    ) -> None:
+        key = (topic, source, boundary)
+        if key in self._waits:
+            return
+        self._waits[key] = (time.monotonic(), kind)
+        self.consumers.gate_waiting(topic, self.config.group, +1)
+        await self.sidecar.store.add_wait(
+            self.config.group, topic, source, boundary, self.consumers.instance_key(self)
+        )
+
+    async def _clear_waits(self, topic: str) -> None:
+        for key in [k for k in self._waits if k[0] == topic]:
+            began, kind = self._waits.pop(key)
+            self.consumers.gate_waiting(topic, self.config.group, -1)
+            self.consumers.gate_waited(topic, self.config.group, kind, time.monotonic() - began)
+            with contextlib.suppress(SidecarError):
+                await self.sidecar.store.remove_wait(
+                    self.config.group, *key, self.consumers.instance_key(self)
+                )
+
+    async def _help_waiters(self) -> None:
+        """Commit at once what waiters need, if this instance auto-commits."""
+        if not self.config.auto_commit:
+            return
+        for topic in {tp.topic for tp in self._partitions}:
+            try:
+                waits = await self.sidecar.store.waits(self.config.group, topic)
+            except SidecarError:
+                continue
+            for tp, state in self._partitions.items():
+                if tp.topic != topic or state.delivered is None:
+                    continue
+                boundary = waits.get(tp.partition)
+                if boundary is not None and (state.committed or 0) < min(boundary, state.delivered):
+                    await self._auto_commit(force=True)
+                    return
+
+    # Hand-off announcements --------------------------------------------------------------------
+
+    async def _announce(
+        self,
+        kind: HandoffKind,
+        topic: str,
+        partition: int,
+        generation: int,
+        events: list[HandoffEvent],
+    ) -> bool:
+        """Tell the app; True once it has confirmed (callback 2xx or event acknowledged)."""
+        if self.config.callback_url is not None:
+            await self._call_back(kind, topic, partition, generation)
+            return True
+        for event in self._events.values():
+            if (event.kind, event.topic, event.partition, event.generation) == (
+                kind,
+                topic,
+                partition,
+                generation,
+            ):
+                return False  # sent, not acknowledged yet
+        event = HandoffEvent(next(self._event_ids), kind, topic, partition, generation)
+        self._events[event.event_id] = event
+        events.append(event)
+        return False
+
+    def acknowledge_events(self, event_ids: Iterable[int]) -> None:
+        for event_id in event_ids:
+            event = self._events.pop(event_id, None)
+            if event is None:
+                raise BadRequest(f"no pending event {event_id}")
+            if event.kind is HandoffKind.KEYS_REVOKED:
+                self._revoked_acked.add((event.topic, event.partition, event.generation))
+            else:
+                self._announced.add((event.topic, event.partition, event.generation))
+
+    async def _call_back(
+        self, kind: HandoffKind, topic: str, partition: int, generation: int
+    ) -> None:
+        assert self.config.callback_url is not None
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        body = {
+            "type": kind.value,
+            "group": self.config.group,
+            "instance_id": self.instance_id,
+            "topic": topic,
+            "partition": partition,
+            "generation": generation,
+        }
+        deadline = time.monotonic() + max(30.0, self.config.callback_timeout_s)
+        while True:
+            began = time.monotonic()
+            try:
+                async with self._http.post(
+                    self.config.callback_url,
+                    json=body,
+                    timeout=aiohttp.ClientTimeout(total=self.config.callback_timeout_s),
+                ) as response:
+                    ok = 200 <= response.status < 300
+                    reason = f"status {response.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                ok, reason = False, repr(exc)
+            self.consumers.callback_done(kind, time.monotonic() - began, ok)
+            if ok:
+                return
+            if time.monotonic() >= deadline:
+                raise CallbackFailed(
+                    f"{kind.value} callback for {topic}[{partition}] failed: {reason}; "
+                    "nothing was delivered or committed past it, retry the request"
+                )
+            await asyncio.sleep(CALLBACK_RETRY_S)
+
+    # Offsets ------------------------------------------------------------------------------
+
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
+        """Commit ``offsets`` (next offsets to read), or everything delivered if None.
+
+        Raises BadRequest for an offset beyond what was delivered or a partition not
+        assigned, ConsumerStateConflict if a keys-revoked event must be acknowledged
+        first, CallbackFailed.
+        """
+        consumer = self._require_consumer()
+        if offsets is None:
+            offsets = {
+                tp: state.delivered
+                for tp, state in self._partitions.items()
+                if state.delivered is not None
+            }
+        for tp, offset in offsets.items():
+            state = self._partitions.get(tp)
+            if state is None:
+                raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
+            if state.delivered is None or offset > state.delivered:
+                raise BadRequest(
+                    f"offset {offset} of {tp.topic}[{tp.partition}] is beyond the delivered "
+                    f"position {state.delivered if state.delivered is not None else 'none'}"
+                )
+        to_commit: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tp, offset in offsets.items():
+            await self._revoke_before(tp, offset)
+            to_commit[tp] = OffsetAndMetadata(offset, "")
+        if not to_commit:
+            return
+        try:
+            await consumer.commit(to_commit)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"commit failed: {exc}") from exc
+        for tp, meta in to_commit.items():
+            self._partitions[tp].committed = meta.offset
+        self.consumers.committed(self.config.group, to_commit)
+
+    async def _revoke_before(self, tp: TopicPartition, offset: int) -> None:
+        runtime = await self.sidecar.runtime(tp.topic)
+        if runtime is None or not runtime.state.config.ordered_delivery:
+            return
+        state = self._partitions[tp]
+        before = state.committed
+        if before is None:
+            committed = await self.sidecar.kafka.committed_offsets(
+                self.config.group, tp.topic, len(runtime.state.modes)
+            )
+            before = committed.get(tp.partition, 0)
+        for revocation in revocations_crossed(runtime.state.log, tp.partition, before, offset):
+            await self._require_revoked(tp.topic, revocation)
+
+    async def _require_revoked(self, topic: str, revocation: Revocation) -> None:
+        key = (topic, revocation.partition, revocation.generation)
+        if key in self._revoked_acked:
+            return
+        if self.config.callback_url is not None:
+            await self._call_back(
+                HandoffKind.KEYS_REVOKED, topic, revocation.partition, revocation.generation
+            )
+            self._revoked_acked.add(key)
+            return
+        pending = [
+            e
+            for e in self._events.values()
+            if (e.kind, e.topic, e.partition, e.generation) == (HandoffKind.KEYS_REVOKED, *key)
+        ]
+        if not pending:
+            event = HandoffEvent(next(self._event_ids), HandoffKind.KEYS_REVOKED, *key)
+            self._events[event.event_id] = event
+            pending = [event]
+        raise ConsumerStateConflict(
+            f"acknowledge event {pending[0].event_id} (keys_revoked for {topic}"
+            f"[{revocation.partition}]) before committing past offset {revocation.boundary}; "
+            "it is in the next records response"
+        )
+
+    async def _auto_commit(self, *, force: bool) -> None:
+        if not force and time.monotonic() - self._last_auto_commit < AUTO_COMMIT_INTERVAL_S:
+            return
+        self._last_auto_commit = time.monotonic()
+        offsets = {}
+        for tp, state in self._partitions.items():
+            if state.delivered is None or state.delivered == state.committed:
+                continue
+            target = state.delivered
+            runtime = await self.sidecar.runtime(tp.topic)
+            if runtime is not None and self.config.callback_url is None:
+                # Without a callback, stop below a revocation the app has not acknowledged.
+                for revocation in revocations_crossed(
+                    runtime.state.log, tp.partition, state.committed or 0, target
+                ):
+                    key = (tp.topic, revocation.partition, revocation.generation)
+                    if key not in self._revoked_acked:
+                        with contextlib.suppress(ConsumerStateConflict):
+                            await self._require_revoked(tp.topic, revocation)
+                        target = min(target, revocation.boundary - 1)
+            if target > (state.committed or 0):
+                offsets[tp] = target
+        if offsets:
+            await self.commit(offsets)
+
+    async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        consumer = self._require_consumer()
+        result = {}
+        for tp in partitions:
+            try:
+                offset = await consumer.committed(tp)
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"reading committed offsets failed: {exc}") from exc
+            if offset is not None:
+                result[tp] = int(offset)
+        return result
+
+    async def seek(self, offsets: Mapping[TopicPartition, int]) -> None:
+        consumer = self._require_consumer()
+        for tp, offset in offsets.items():
+            if tp not in consumer.assignment():
+                raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
+            consumer.seek(tp, offset)
+            self._partitions[tp] = _PartitionState(delivered=offset)
+
+    async def seek_to_timestamps(self, timestamps: Mapping[TopicPartition, int]) -> None:
+        consumer = self._require_consumer()
+        try:
+            found = await consumer.offsets_for_times(dict(timestamps))
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"looking up offsets by time failed: {exc}") from exc
+        offsets = {}
+        for tp, hit in found.items():
+            if hit is None:
+                # No record at or after the time: the end, as Kafka's seek by time does.
+                offsets[tp] = (await consumer.end_offsets([tp]))[tp]
+            else:
+                offsets[tp] = hit.offset
+        await self.seek(offsets)
+
+    async def seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None:
+        consumer = self._require_consumer()
+        for tp in partitions:
+            if tp not in consumer.assignment():
+                raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
+        if beginning:
+            await consumer.seek_to_beginning(*partitions)
+        else:
+            await consumer.seek_to_end(*partitions)
+        for tp in partitions:
+            self._partitions[tp] = _PartitionState(delivered=await consumer.position(tp))
+
+    # Life cycle ---------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        for topic in {k[0] for k in self._waits}:
+            await self._clear_waits(topic)
+        if self._consumer is not None:
+            if self.config.auto_commit:
+                with contextlib.suppress(SidecarError, KafkaError):
+                    await self._auto_commit(force=True)
+            await self._consumer.stop()
+            self._consumer = None
+        if self._http is not None:
+            await self._http.close()
+
+    def revoked(self, partitions: Iterable[TopicPartition]) -> None:
+        for tp in partitions:
+            self._partitions.pop(tp, None)
+
+    async def _ensure_consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            settings = self.sidecar.settings.kafka
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=settings.bootstrap_servers,
+                client_id=f"{settings.client_id}-{self.instance_id}",
+                group_id=self.config.group,
+                enable_auto_commit=False,
+                auto_offset_reset=self.config.auto_offset_reset,
+                partition_assignment_strategy=(self.consumers.assignor,),
+                request_timeout_ms=settings.request_timeout_ms,
+                **dict(settings.client),
+            )
+            try:
+                await consumer.start()
+            except KafkaError as exc:
+                raise KafkaUnavailable(f"cannot start a consumer: {exc}") from exc
+            self._consumer = consumer
+        return self._consumer
+
+    def _require_consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise ConsumerStateConflict("the instance is neither subscribed nor assigned")
+        return self._consumer
+
+    def _require_subscribed(self) -> AIOKafkaConsumer:
+        consumer = self._require_consumer()
+        if not (self.subscription or self.pattern or self.manual):
+            raise ConsumerStateConflict("the instance is neither subscribed nor assigned")
+        return consumer
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, instance: ConsumerInstance) -> None:
+        self.instance = instance
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        if self.instance.config.auto_commit:
+            with contextlib.suppress(SidecarError, KafkaError):
+                await self.instance._auto_commit(force=True)
+        self.instance.revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        # Buffers start empty; positions come from the group's committed offsets.
+        for tp in assigned:
+            self.instance._partitions.setdefault(tp, _PartitionState())
+
+
+class Consumers:
+    """Every consumer instance of this sidecar, by (group, name)."""
+
+    def __init__(self, sidecar: Sidecar, *, instance_timeout_s: float = 300.0) -> None:
+        self.sidecar = sidecar
+        self.instance_timeout_s = instance_timeout_s
+        self.instances: dict[tuple[str, str], ConsumerInstance] = {}
+        self.assignor = _assignor_for(sidecar)
+        self._reaper: asyncio.Task[None] | None = None
+
+    def instance_key(self, instance: ConsumerInstance) -> str:
+        return f"{self.sidecar.sidecar_id}-{instance.instance_id}"
+
+    async def create(self, config: InstanceConfig) -> ConsumerInstance:
+        key = (config.group, config.name)
+        if key in self.instances:
+            raise ConsumerStateConflict(
+                f"consumer instance {config.name} already exists in group {config.group}"
+            )
+        instance = ConsumerInstance(config, self.sidecar, self)
+        self.instances[key] = instance
+        await self.sidecar.store.register_group(config.group)
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._expire_idle())
+        return instance
+
+    def get(self, group: str, name: str) -> ConsumerInstance:
+        instance = self.instances.get((group, name))
+        if instance is None:
+            raise UnknownConsumerInstance(f"consumer instance {name} not found in group {group}")
+        instance.last_used = time.monotonic()
+        return instance
+
+    async def delete(self, group: str, name: str) -> None:
+        instance = self.get(group, name)
+        del self.instances[(group, name)]
+        async with instance.lock:
+            await instance.close()
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for key in list(self.instances):
+            await self.instances.pop(key).close()
+
+    async def _expire_idle(self) -> None:
+        while True:
+            await asyncio.sleep(min(10.0, self.instance_timeout_s / 2))
+            now = time.monotonic()
+            for key, instance in list(self.instances.items()):
+                if (
+                    now - instance.last_used > self.instance_timeout_s
+                    and not instance.lock.locked()
+                ):
+                    _log.info("consumer instance %s of %s expired (idle)", key[1], key[0])
+                    del self.instances[key]
+                    await instance.close()
+
+    # Metrics hooks ------------------------------------------------------------------------
+
+    def metrics_delivered(
+        self,
+        topic: str,
+        partition: int,
+        record: ConsumerRecord[bytes, bytes],
+        runtime: TopicRuntime | None,
+    ) -> None:
+        metrics = self.sidecar.metrics
+        metrics.delivered_records.labels(topic, str(partition)).inc()
+        if runtime is not None and _header(record, SIDECAR_HEADER) is None:
+            metrics.records_without_headers.labels(topic).inc()
+
+    def gate_waiting(self, topic: str, group: str, delta: int) -> None:
+        self.sidecar.metrics.gated_partitions.labels(topic, group).inc(delta)
+
+    def gate_waited(self, topic: str, group: str, kind: ChangeKind, seconds: float) -> None:
+        self.sidecar.metrics.gate_wait_seconds.labels(topic, group, kind.value).observe(seconds)
+
+    def callback_done(self, kind: HandoffKind, seconds: float, ok: bool) -> None:
+        metrics = self.sidecar.metrics
+        metrics.callback_seconds.labels(kind.value).observe(seconds)
+        if not ok:
+            metrics.callback_failures.labels(kind.value).inc()
+
+    def lag(self, group: str, tp: TopicPartition, records: int) -> None:
+        self.sidecar.metrics.consumer_lag.labels(group, tp.topic, str(tp.partition)).set(records)
+
+    def committed(self, group: str, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
+        for tp in offsets:
+            self.sidecar.metrics.commits.labels(group, tp.topic).inc()
+
+
+def _assignor_for(sidecar: Sidecar) -> type[AbstractPartitionAssignor]:
+    """An aiokafka assignor class that balances read-write and read-only partitions
+    separately, with this sidecar's view of the managed topics' modes."""
+
+    def modes_of(topic: str) -> Sequence[PartitionMode] | None:
+        runtime = sidecar.topics.get(topic)
+        return None if runtime is None else runtime.state.modes
+
+    class OrderedAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+        name = "ordered-sidecar"
+        version = 0
+
+        @classmethod
+        def assign(
+            cls, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata]
+        ) -> dict[str, ConsumerProtocolMemberAssignment]:
+            subscriptions = {m: frozenset(meta.subscription) for m, meta in members.items()}
+            counts = {}
+            for topic in {t for topics in subscriptions.values() for t in topics}:
+                partitions = cluster.partitions_for_topic(topic)
+                if partitions is not None:
+                    counts[topic] = len(partitions)
+            result = assign(subscriptions, counts, modes_of)
+            assignment = {}
+            for member, pairs in result.items():
+                by_topic: dict[str, list[int]] = {}
+                for topic, partition in pairs:
+                    by_topic.setdefault(topic, []).append(partition)
+                assignment[member] = ConsumerProtocolMemberAssignment(
+                    cls.version, sorted(by_topic.items()), b""
+                )
+            return assignment
+
+        @classmethod
+        def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+            return ConsumerProtocolMemberMetadata(cls.version, list(topics), b"")
+
+        @classmethod
+        def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
+            pass
+
+    return OrderedAssignor
+
+
+def _header(record: ConsumerRecord[bytes, bytes], name: str) -> bytes | None:
+    for key, value in record.headers:
+        if key == name:
+            return bytes(value) if value is not None else None
+    return None
+
+
+def _delivered(record: ConsumerRecord[bytes, bytes]) -> Delivered:
+    return Delivered(
+        record.topic,
+        record.partition,
+        record.offset,
+        record.key,
+        record.value,
+        [(k, bytes(v)) for k, v in record.headers],
+        record,
+    )
+
+
+def new_instance_name() -> str:
+    return f"instance-{uuid.uuid4().hex[:12]}"

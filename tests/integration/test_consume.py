@@ -1,0 +1,192 @@
+"""The consume path through real sidecars: REST consumers, the gate, key hand-off."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from sidecar.core.routing import partition_for_key
+from sidecar.devcluster.provider import ClusterEndpoints
+from tests.integration.consumers import CallbackApp, RestConsumer, create_consumer, decoded
+from tests.integration.sidecars import running_sidecars, unique
+
+
+def _moving_key(initial: int, old: int, new: int, source: int) -> str:
+    """A key that lives in ``source`` under ``old`` partitions and moves under ``new``."""
+    for i in range(100_000):
+        key = f"key-{i}"
+        encoded = json.dumps(key).encode()
+        before = partition_for_key(encoded, initial, old)
+        if before == source and partition_for_key(encoded, initial, new) != before:
+            return key
+    raise AssertionError("no such key")
+
+
+async def _drain(consumer: RestConsumer, want: int, within_s: float = 20) -> list[dict]:  # type: ignore[type-arg]
+    got: list[dict] = []  # type: ignore[type-arg]
+    deadline = time.monotonic() + within_s
+    while len(got) < want:
+        assert time.monotonic() < deadline, f"got {len(got)} of {want} records"
+        records, events = await consumer.poll(300)
+        assert events == [], events
+        got += records
+    return got
+
+
+async def test_a_group_receives_every_record_in_key_order(cluster: ClusterEndpoints) -> None:
+    topic = unique("consume")
+    group = unique("group")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 3, replication_factor=cluster.replication_factor)
+        records = [{"key": f"k{i % 5}", "value": i} for i in range(50)]
+        status, body = await sidecar.produce(topic, records)
+        assert status == 200, body
+        consumer = await create_consumer(sidecar, group, "c1")
+        await consumer.subscribe(topic)
+        got = await _drain(consumer, 50)
+        per_key: dict[bytes, list[int]] = {}
+        for record in got:
+            key, value = decoded(record)
+            assert key is not None
+            assert value is not None
+            per_key.setdefault(key, []).append(json.loads(value))
+        assert all(values == sorted(values) for values in per_key.values())
+        assert sum(len(v) for v in per_key.values()) == 50
+        status, _ = await consumer.commit()
+        assert status == 204
+        status, answer = await consumer.call(
+            "GET", "/offsets", {"partitions": [{"topic": topic, "partition": p} for p in range(3)]}
+        )
+        assert status == 200
+        assert sum(entry["offset"] for entry in answer["offsets"]) == 50
+        await consumer.delete()
+
+
+async def test_the_new_partition_waits_for_its_blocker_to_be_committed(
+    cluster: ClusterEndpoints,
+) -> None:
+    topic = unique("gate")
+    group = unique("group")
+    key = _moving_key(1, 1, 2, 0)
+    app = CallbackApp()
+    await app.start()
+    try:
+        async with running_sidecars(cluster, 2) as sidecars:
+            await sidecars[0].create_topic(topic, 1, replication_factor=cluster.replication_factor)
+            await sidecars[0].produce(topic, [{"key": key, "value": i} for i in range(5)])
+            await sidecars[0].change_count(topic, 2)
+            status, body = await sidecars[0].produce(
+                topic, [{"key": key, "value": i} for i in range(5, 10)]
+            )
+            assert {e["partition"] for e in body["offsets"]} == {1}, body
+            # Two instances of one group on two sidecars: old owns partition 0, new 1.
+            old = await create_consumer(sidecars[0], group, "old", callback_url=app.url)
+            new = await create_consumer(sidecars[1], group, "new", callback_url=app.url)
+            await old.assign((topic, 0))
+            await new.assign((topic, 1))
+
+            # The new partition's records wait: the group has not consumed partition 0.
+            for _ in range(3):
+                records, _ = await new.poll(200)
+                assert records == []
+            got_old = await _drain(old, 5)
+            assert [json.loads(decoded(r)[1] or b"") for r in got_old] == [0, 1, 2, 3, 4]
+            records, _ = await new.poll(200)
+            assert records == []  # delivered is not committed
+
+            status, _ = await old.commit()
+            assert status == 204
+            committed_at = time.monotonic()
+            got_new = await _drain(new, 5)
+            released_after = time.monotonic() - committed_at
+            assert [json.loads(decoded(r)[1] or b"") for r in got_new] == [5, 6, 7, 8, 9]
+            print(f"gate released {released_after * 1000:.0f} ms after the blocker's commit")
+    finally:
+        await app.stop()
+    kinds = [(body["type"], body["partition"], body["instance_id"]) for _, body in app.events]
+    assert kinds == [("keys_revoked", 0, "old"), ("keys_assigned", 1, "new")]
+
+
+async def test_hand_off_events_in_the_records_response(cluster: ClusterEndpoints) -> None:
+    topic = unique("events")
+    group = unique("group")
+    key = _moving_key(1, 1, 2, 0)
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 1, replication_factor=cluster.replication_factor)
+        await sidecar.produce(topic, [{"key": key, "value": i} for i in range(3)])
+        await sidecar.change_count(topic, 2)
+        await sidecar.produce(topic, [{"key": key, "value": i} for i in range(3, 6)])
+        old = await create_consumer(sidecar, group, "old")
+        new = await create_consumer(sidecar, group, "new")
+        await old.assign((topic, 0))
+        await new.assign((topic, 1))
+        await _drain(old, 3)
+
+        # Committing past the boundary needs the keys_revoked event acknowledged first.
+        status, body = await old.commit()
+        assert (status, body["error_code"]) == (409, 40940), body
+        records, events = await old.poll(100)
+        assert records == []
+        assert [(e["type"], e["partition"]) for e in events] == [("keys_revoked", 0)]
+        await old.ack(events[0]["event_id"])
+        status, body = await old.commit()
+        assert status == 204, body
+
+        # The new partition first announces its keys, and delivers after the ack.
+        deadline = time.monotonic() + 10
+        while True:
+            records, events = await new.poll(200)
+            assert records == []
+            if events:
+                break
+            assert time.monotonic() < deadline
+        assert [(e["type"], e["partition"]) for e in events] == [("keys_assigned", 1)]
+        await new.ack(events[0]["event_id"])
+        got = await _drain(new, 3)
+        assert [json.loads(decoded(r)[1] or b"") for r in got] == [3, 4, 5]
+
+
+async def test_relocation_tombstones_are_never_delivered(cluster: ClusterEndpoints) -> None:
+    topic = unique("tomb")
+    group = unique("group")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(
+            topic, 2, replication_factor=cluster.replication_factor, compacted=True
+        )
+        await sidecar.change_count(topic, 3)
+        keys = [f"k{i}" for i in range(30)]
+        await sidecar.produce(topic, [{"key": k, "value": 1} for k in keys])
+        assert sidecar.server.metrics.relocation_tombstones.labels(topic)._value.get() > 0
+        consumer = await create_consumer(sidecar, group, "c", **{"auto.commit.enable": "true"})
+        await consumer.subscribe(topic)
+        got = await _drain(consumer, 30)
+        records, _ = await consumer.poll(500)
+        assert records == []
+        assert all(decoded(r)[1] == b"1" for r in got)
+
+
+async def test_consumer_bad_input(cluster: ClusterEndpoints) -> None:
+    group = unique("group")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        consumer = await create_consumer(sidecar, group, "c")
+        unknown = RestConsumer(sidecar, group, "nobody")
+        status, body = await unknown.call("GET", "/records")
+        assert (status, body["error_code"]) == (404, 40403)
+        status, body = await consumer.call("GET", "/records")
+        assert (status, body["error_code"]) == (409, 40940)
+        async with sidecar.http.post(
+            f"/consumers/{group}",
+            data=json.dumps({"name": "x", "callback_url": "http://example.com/cb"}),
+            headers={"Content-Type": "application/vnd.kafka.v2+json"},
+        ) as response:
+            answer = await response.json(content_type=None)
+        assert (response.status, answer["error_code"]) == (400, 40001)
+        topic = unique("t")
+        await sidecar.create_topic(topic, 1, replication_factor=cluster.replication_factor)
+        await consumer.assign((topic, 0))
+        status, body = await consumer.commit([{"topic": topic, "partition": 0, "offset": 5}])
+        assert (status, body["error_code"]) == (400, 40001)
+        status, body = await consumer.call("POST", "/offsets", {"offsets": [{"topic": topic}]})
+        assert (status, body["error_code"]) == (400, 40001)
+        status, body = await consumer.call("POST", "/consumers-not-a-route")
+        assert status == 404
