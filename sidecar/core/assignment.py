@@ -7,7 +7,8 @@ and none of the live traffic, and counts per kind differ by at most one between
 members subscribed to the same topics. Removed partitions are not assigned at all:
 nothing can be read from them.
 
-Unmanaged topics have every partition read-write.
+Unmanaged topics have every partition read-write. The split by mode is applied at each
+rebalance; a mode change alone (a commit, a retirement) does not cause one.
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ def assign(
         modes = modes_of(topic)
         for partition in range(count):
             mode = PartitionMode.READ_WRITE
-            if modes is not None:
-                # A partition created after the modes were read is not in use yet.
-                mode = modes[partition] if partition < len(modes) else PartitionMode.REMOVED
+            if modes is not None and partition < len(modes):
+                # A partition newer than the modes this member knows is assigned like a
+                # read-write one: partition additions trigger a rebalance, a commit does
+                # not, so it must not be left out. Its records wait at the gate until
+                # the owner's sidecar has read the generation that routes to it.
+                mode = modes[partition]
             if mode is not PartitionMode.REMOVED:
                 by_kind[mode].append((topic, partition))
     turn = 0

@@ -62,6 +62,7 @@ GATE_RECHECK_S = 0.05
 BUFFER_LIMIT = 2000
 """Records buffered per partition before fetching from it pauses."""
 AUTO_COMMIT_INTERVAL_S = 5.0
+METADATA_MAX_AGE_MS = 3000
 CALLBACK_RETRY_S = 0.2
 
 
@@ -184,6 +185,7 @@ class ConsumerInstance:
         deadline = time.monotonic() + timeout_s
         if self.config.auto_commit:
             await self._auto_commit(force=False)
+            await self._help_waiters()
         while True:
             await self._fetch(consumer, max(0.0, min(GATE_RECHECK_S, deadline - time.monotonic())))
             result = await self._release(max_bytes)
@@ -606,6 +608,8 @@ class ConsumerInstance:
                 enable_auto_commit=False,
                 auto_offset_reset=self.config.auto_offset_reset,
                 partition_assignment_strategy=(self.consumers.assignor,),
+                # Added partitions are noticed (and the group rebalanced) within seconds.
+                metadata_max_age_ms=METADATA_MAX_AGE_MS,
                 request_timeout_ms=settings.request_timeout_ms,
                 **dict(settings.client),
             )

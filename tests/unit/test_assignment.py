@@ -47,6 +47,6 @@ def test_unmanaged_topics_and_unsubscribed_members() -> None:
     assert all(topic == "x" for topic, _ in result["a"])
 
 
-def test_partitions_newer_than_the_modes_are_not_assigned_yet() -> None:
-    result = assign({"a": frozenset({"t"})}, {"t": 3}, lambda topic: [RW, RW])
-    assert result == {"a": [("t", 0), ("t", 1)]}
+def test_partitions_newer_than_the_modes_are_assigned_as_read_write() -> None:
+    result = assign({"a": frozenset({"t"})}, {"t": 3}, lambda topic: [RW, REMOVED])
+    assert result == {"a": [("t", 0), ("t", 2)]}
