@@ -93,7 +93,8 @@ def decoded(record: dict[str, Any]) -> tuple[bytes | None, bytes | None]:
 class CallbackApp:
     """A localhost app receiving key hand-off callbacks, recording their order."""
 
-    events: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    events: list[tuple[float, float, dict[str, Any]]] = field(default_factory=list)
+    """(started, finished, body) of each successful call, in the order they finished."""
     fail_first: int = 0
     url: str = ""
     _runner: web.AppRunner | None = None
@@ -116,7 +117,8 @@ class CallbackApp:
         if self.fail_first > 0:
             self.fail_first -= 1
             return web.Response(status=500)
+        started = time.monotonic()
         body = await request.json()
         await asyncio.sleep(0.05)  # the app flushes or loads state
-        self.events.append((time.monotonic(), body))
+        self.events.append((started, time.monotonic(), body))
         return web.Response(status=204)

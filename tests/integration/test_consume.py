@@ -97,14 +97,22 @@ async def test_the_new_partition_waits_for_its_blocker_to_be_committed(
             status, _ = await old.commit()
             assert status == 204
             committed_at = time.monotonic()
-            got_new = await _drain(new, 5)
-            released_after = time.monotonic() - committed_at
+            got_new: list[dict] = []  # type: ignore[type-arg]
+            while not got_new:
+                assert time.monotonic() - committed_at < 20, "the gate never opened"
+                got_new, _ = await new.poll(300)
+            first_gated_record_at = time.monotonic()
+            released_after = first_gated_record_at - committed_at
+            got_new += await _drain(new, 5 - len(got_new))
             assert [json.loads(decoded(r)[1] or b"") for r in got_new] == [5, 6, 7, 8, 9]
             print(f"gate released {released_after * 1000:.0f} ms after the blocker's commit")
     finally:
         await app.stop()
-    kinds = [(body["type"], body["partition"], body["instance_id"]) for _, body in app.events]
+    kinds = [(body["type"], body["partition"], body["instance_id"]) for *_, body in app.events]
     assert kinds == [("keys_revoked", 0, "old"), ("keys_assigned", 1, "new")]
+    (_, revoke_done, _), (assign_started, assign_done, _) = app.events
+    assert revoke_done <= assign_started
+    assert assign_done <= first_gated_record_at
 
 
 async def test_hand_off_events_in_the_records_response(cluster: ClusterEndpoints) -> None:
