@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
-from sidecar.core.errors import SidecarError
+from sidecar.core.errors import OperationInProgress, SidecarError
 from sidecar.core.generations import PartitionMode, modes_after_commit
 from sidecar.core.procedures import (
     FINAL_PHASES,
@@ -53,7 +53,9 @@ BARRIER_POLL_S = 0.02
 """How often the coordinator re-reads barrier acks (a watch would save little here:
 the barrier lasts as long as the slowest sidecar's in-flight sends)."""
 
-LOCK_TIMEOUT_S = 2.0
+LOCK_TIMEOUT_S = 10.0
+"""Housekeeping (retirement, resumption) holds a topic's lock briefly; a change in
+progress is refused at once from its journal, not by timing out on the lock."""
 
 ProgressCallback = Callable[[Operation], None]
 
@@ -96,6 +98,16 @@ class ChangeRunner:
         Raises UnknownTopic, InvalidPartitionCount, OperationInProgress (another
         change holds the topic), MetadataUnavailable / KafkaUnavailable.
         """
+        stored = await self.store.read_operation(request.topic)
+        if (
+            stored is not None
+            and stored.phase not in FINAL_PHASES
+            and stored.coordinator in await self.store.live_sidecars()
+        ):
+            raise OperationInProgress(
+                f"{stored.coordinator} is changing {request.topic} to "
+                f"{stored.target_count} partitions ({stored.phase.value})"
+            )
         async with self.store.lock(request.topic, self.sidecar_id, LOCK_TIMEOUT_S):
             # A change left unfinished by a dead coordinator comes first.
             stored = await self.store.read_operation(request.topic)

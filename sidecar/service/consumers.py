@@ -63,6 +63,7 @@ BUFFER_LIMIT = 2000
 """Records buffered per partition before fetching from it pauses."""
 AUTO_COMMIT_INTERVAL_S = 5.0
 METADATA_MAX_AGE_MS = 3000
+REVOKE_ACK_WAIT_S = 10.0
 CALLBACK_RETRY_S = 0.2
 
 
@@ -184,7 +185,7 @@ class ConsumerInstance:
         consumer = self._require_subscribed()
         deadline = time.monotonic() + timeout_s
         if self.config.auto_commit:
-            await self._auto_commit(force=False)
+            await self._commit_quietly(force=False)
             await self._help_waiters()
         while True:
             await self._fetch(consumer, max(0.0, min(GATE_RECHECK_S, deadline - time.monotonic())))
@@ -239,7 +240,9 @@ class ConsumerInstance:
         events = list(self._events.values())
         progress_by_topic: dict[str, GroupProgress] = {}
         for tp in sorted(self._partitions):
-            state = self._partitions[tp]
+            state = self._partitions.get(tp)
+            if state is None:
+                continue  # revoked by a rebalance while this loop awaited
             runtime = await self.sidecar.runtime(tp.topic)
             gated = runtime is not None and runtime.state.config.ordered_delivery
             progress = None
@@ -256,18 +259,64 @@ class ConsumerInstance:
                 if runtime is not None and gated:
                     assert progress is not None
                     allowed = await self._gate_allows(runtime, progress, tp, record, events)
-                    if not allowed:
+                    if not allowed or not await self._revoked_before(
+                        runtime, progress, tp, record.offset, events
+                    ):
                         break
                 record_size = len(record.key or b"") + len(record.value or b"")
                 if max_bytes is not None and released and size + record_size > max_bytes:
-                    return PollResult(released, events)
+                    return self._still_assigned(PollResult(released, events))
                 state.buffer.popleft()
                 state.delivered = record.offset + 1
                 size += record_size
                 released.append(_delivered(record))
                 self.consumers.metrics_delivered(tp.topic, tp.partition, record, runtime)
             self._record_lag(tp, state)
-        return PollResult(released, events)
+        return self._still_assigned(PollResult(released, events))
+
+    def _still_assigned(self, result: PollResult) -> PollResult:
+        """Drop what was released from partitions a rebalance took away meanwhile: their
+        new owner delivers them, so delivering them here too would duplicate them."""
+        if self._consumer is None:
+            return result
+        assigned = self._consumer.assignment()
+        kept = [r for r in result.records if TopicPartition(r.topic, r.partition) in assigned]
+        return PollResult(kept, result.events)
+
+    async def _revoked_before(
+        self,
+        runtime: TopicRuntime,
+        progress: GroupProgress,
+        tp: TopicPartition,
+        offset: int,
+        events: list[HandoffEvent],
+    ) -> bool:
+        """True once the app has been told that keys of ``tp`` moved away at every
+        boundary at or below ``offset`` the group has not committed past yet.
+
+        Asked before delivering a post-boundary record, not only before committing: a
+        rebalance between delivering it and committing it would deliver it again.
+        """
+        committed = progress.committed.get(tp.partition, 0)
+        for revocation in revocations_crossed(runtime.state.log, tp.partition, committed, offset):
+            key = (tp.topic, revocation.partition, revocation.generation)
+            if key in self._revoked_acked:
+                continue
+            if self.config.callback_url is not None:
+                await self._call_back(
+                    HandoffKind.KEYS_REVOKED, tp.topic, tp.partition, revocation.generation
+                )
+                self._revoked_acked.add(key)
+                continue
+            if not any(
+                (e.kind, e.topic, e.partition, e.generation) == (HandoffKind.KEYS_REVOKED, *key)
+                for e in self._events.values()
+            ):
+                event = HandoffEvent(next(self._event_ids), HandoffKind.KEYS_REVOKED, *key)
+                self._events[event.event_id] = event
+                events.append(event)
+            return False
+        return True
 
     def _record_lag(self, tp: TopicPartition, state: _PartitionState) -> None:
         if self._consumer is None or state.delivered is None:
@@ -353,7 +402,7 @@ class ConsumerInstance:
                     continue
                 boundary = waits.get(tp.partition)
                 if boundary is not None and (state.committed or 0) < min(boundary, state.delivered):
-                    await self._auto_commit(force=True)
+                    await self._commit_quietly(force=True)
                     return
 
     # Hand-off announcements --------------------------------------------------------------------
@@ -508,6 +557,51 @@ class ConsumerInstance:
             "it is in the next records response"
         )
 
+    async def settle_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
+        """Before a rebalance takes ``partitions`` away, get the app's keys-revoked
+        acknowledgements that committing everything delivered needs.
+
+        Otherwise the commit would stop below a boundary and the partitions' next owner
+        would deliver the records above it again. The rebalance waits (aiokafka awaits
+        this listener) for at most ``REVOKE_ACK_WAIT_S``; the app keeps polling meanwhile
+        and finds the events in its records responses.
+        """
+        pending: list[tuple[str, int, int]] = []
+        for tp in partitions:
+            state = self._partitions.get(tp)
+            runtime = self.sidecar.topics.get(tp.topic)
+            if state is None or state.delivered is None or runtime is None:
+                continue
+            before = state.committed or 0
+            for revocation in revocations_crossed(
+                runtime.state.log, tp.partition, before, state.delivered
+            ):
+                key = (tp.topic, revocation.partition, revocation.generation)
+                if key in self._revoked_acked:
+                    continue
+                if self.config.callback_url is not None:
+                    await self._call_back(
+                        HandoffKind.KEYS_REVOKED, tp.topic, tp.partition, revocation.generation
+                    )
+                    self._revoked_acked.add(key)
+                    continue
+                with contextlib.suppress(ConsumerStateConflict):
+                    await self._require_revoked(tp.topic, revocation)
+                pending.append(key)
+        deadline = time.monotonic() + REVOKE_ACK_WAIT_S
+        while any(key not in self._revoked_acked for key in pending):
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.02)
+
+    async def _commit_quietly(self, *, force: bool) -> None:
+        """Auto-commit; a failure (a rebalance in progress, a coordinator moving) is
+        retried at the next poll instead of failing the app's read."""
+        try:
+            await self._auto_commit(force=force)
+        except SidecarError as exc:
+            _log.info("auto-commit of %s deferred: %s", self.instance_id, exc.message)
+
     async def _auto_commit(self, *, force: bool) -> None:
         if not force and time.monotonic() - self._last_auto_commit < AUTO_COMMIT_INTERVAL_S:
             return
@@ -637,8 +731,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.instance = instance
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        revoked = list(revoked)
         if self.instance.config.auto_commit:
             with contextlib.suppress(SidecarError, KafkaError):
+                await self.instance.settle_before_revoke(revoked)
                 await self.instance._auto_commit(force=True)
         self.instance.revoked(revoked)
 

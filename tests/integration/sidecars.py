@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -146,13 +147,16 @@ def _environment(settings: Settings) -> dict[str, str]:
 
 async def start_process(settings: Settings) -> SidecarProcess:
     """``sidecar serve`` as its own process; returns once it answers."""
-    process = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("sidecar")),
-        "serve",
-        env=_environment(settings),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    # Each process logs to a file of its own, kept for a failing test's post-mortem.
+    log_path = Path(tempfile.gettempdir()) / f"ordered-sidecar-{settings.sidecar_id}.log"
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).with_name("sidecar")),
+            "serve",
+            env=_environment(settings),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log_file,
+        )
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
     assert " ready on " in line, f"sidecar did not start: {line!r}"

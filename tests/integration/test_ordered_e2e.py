@@ -41,9 +41,12 @@ KEYS_PER_PRODUCER = 8
 class Ledger:
     acknowledged: set[tuple[int, str, int]] = field(default_factory=set)
     """(producer, key, sequence) Kafka acknowledged."""
+    placed: dict[tuple[int, str, int], tuple[int, int]] = field(default_factory=dict)
+    """Where each acknowledged record landed: (partition, offset)."""
     delivered: list[tuple[float, int, str, int]] = field(default_factory=list)
     """(time, producer, key, sequence) in the order the app received them."""
     restarted_at: float | None = None
+    poll_errors: list[str] = field(default_factory=list)
 
 
 async def _produce(
@@ -61,6 +64,7 @@ async def _produce(
         for key, entry in zip(keys, body["offsets"], strict=True):
             assert entry["error_code"] is None, entry
             ledger.acknowledged.add((producer, key, sequence))
+            ledger.placed[(producer, key, sequence)] = (entry["partition"], entry["offset"])
         sequence += 1
         await asyncio.sleep(0.02)
 
@@ -74,9 +78,15 @@ async def _consume(
     await consumer.subscribe(topic)
     while not stop.is_set():
         try:
-            records, events = await consumer.poll(300)
-        except (aiohttp.ClientError, AssertionError):
+            status, body = await consumer.call("GET", "/records", timeout="300")
+        except aiohttp.ClientError:
             return  # its sidecar was killed
+        if status != 200:
+            ledger.poll_errors.append(f"{name}: {status} {body}")
+            await asyncio.sleep(0.1)
+            continue
+        events = [item for item in body if "type" in item]
+        records = [item for item in body if "type" not in item]
         for record in records:
             value = json.loads(base64.b64decode(record["value"]))
             ledger.delivered.append(
@@ -84,6 +94,26 @@ async def _consume(
             )
         if events:
             await consumer.ack(*[e["event_id"] for e in events])
+
+
+async def _diagnose(sidecars: list[SidecarProcess], topic: str, group: str) -> str:
+    """What the consumer sidecars report: gated partitions and lag, from /metrics."""
+    lines = []
+    for sidecar in sidecars:
+        if sidecar.process.returncode is not None:
+            continue
+        try:
+            async with sidecar.http.get("/metrics") as response:
+                text = await response.text()
+        except aiohttp.ClientError:
+            continue
+        lines += [
+            f"{sidecar.id}: {line}"
+            for line in text.splitlines()
+            if line.startswith(("sidecar_gated_partitions{", "sidecar_consumer_lag{"))
+            and not line.endswith(" 0.0")
+        ]
+    return "; ".join(lines) or "nothing gated, no lag"
 
 
 async def test_the_guarantee_holds_through_changes_and_a_consumer_crash(
@@ -121,10 +151,10 @@ async def test_the_guarantee_holds_through_changes_and_a_consumer_crash(
             counts.append(target)
             if step == 3:
                 # Kill the sidecar of consumer "c" and bring it back with a new process.
+                ledger.restarted_at = time.monotonic()
                 doomed.process.kill()
                 await doomed.process.wait()
                 await doomed.http.close()
-                ledger.restarted_at = time.monotonic()
                 doomed = await start_process(settings_for(cluster, root, "s-restarted"))
                 sidecars.append(doomed)
                 consumer_tasks.append(
@@ -141,7 +171,17 @@ async def test_the_guarantee_holds_through_changes_and_a_consumer_crash(
             missing = ledger.acknowledged - seen
             if not missing:
                 break
-            assert time.monotonic() < deadline, f"{len(missing)} acknowledged records lost"
+            if time.monotonic() >= deadline:
+                first_missing: dict[int, int] = {}
+                for record in missing:
+                    partition, offset = ledger.placed[record]
+                    first_missing[partition] = min(first_missing.get(partition, offset), offset)
+                raise AssertionError(
+                    f"{len(missing)} acknowledged records never delivered; first missing offset "
+                    f"per partition: {dict(sorted(first_missing.items()))}; "
+                    f"state: {await _diagnose(sidecars, topic, group)}; "
+                    f"poll errors: {ledger.poll_errors[:5]}"
+                )
             await asyncio.sleep(0.5)
         stop_consuming.set()
         await asyncio.gather(*consumer_tasks, return_exceptions=True)
@@ -149,6 +189,7 @@ async def test_the_guarantee_holds_through_changes_and_a_consumer_crash(
     finally:
         await asyncio.gather(*(stop_process(s) for s in sidecars), return_exceptions=True)
 
+    assert ledger.poll_errors == []
     assert [g["undeleted_count"] for g in description["generations"]] == counts
     await check_no_record_crossed_a_barrier(cluster, description)
 
