@@ -77,6 +77,17 @@ class ProduceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditSettings:
+    enabled: bool = False
+    topic: str = "ordered-sidecar-audit"
+    sample_rate: float = 1.0
+    """Fraction of keys whose record events are emitted (chosen by key hash, so a sampled
+    key's history is complete); key-less events are always emitted."""
+    buffer_size: int = 100_000
+    """Events waiting to be sent; beyond it events are dropped and counted, never waited for."""
+
+
+@dataclass(frozen=True, slots=True)
 class FaultSettings:
     """Fault injection for the crash tests; empty in production."""
 
@@ -91,6 +102,7 @@ class Settings:
     zookeeper: ZooKeeperSettings = field(default_factory=ZooKeeperSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     produce: ProduceSettings = field(default_factory=ProduceSettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
 
 
@@ -99,6 +111,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "zookeeper": ZooKeeperSettings,
     "http": HttpSettings,
     "produce": ProduceSettings,
+    "audit": AuditSettings,
     "faults": FaultSettings,
 }
 
@@ -197,6 +210,8 @@ def _validate(section: str, values: Any) -> None:
         )
     if section == "zookeeper" and not values.root.startswith("/"):
         raise ConfigError(f"zookeeper.root must be an absolute path, got {values.root!r}")
+    if section == "audit" and not 0.0 <= values.sample_rate <= 1.0:
+        raise ConfigError(f"audit.sample_rate must be between 0 and 1, got {values.sample_rate}")
     if section == "faults" and values.kill_after_phase:
         from sidecar.core.procedures import Phase
 

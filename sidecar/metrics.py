@@ -155,6 +155,16 @@ class SidecarMetrics:
             ["group", "topic", "partition"],
             registry=r,
         )
+        self.audit_events = Counter(
+            "sidecar_audit_events_total",
+            "Audit events written to the audit topic.",
+            registry=r,
+        )
+        self.audit_dropped = Counter(
+            "sidecar_audit_events_dropped_total",
+            "Audit events dropped (buffer full or not written): the audit has a gap.",
+            registry=r,
+        )
         self.zookeeper_connected = Gauge(
             "sidecar_zookeeper_connected",
             "1 while the ZooKeeper session is connected, else 0 (managed produces hold).",

@@ -51,7 +51,7 @@ class SidecarServer:
         )
         self.kafka = KafkaGateway(settings.kafka)
         self.sidecar = Sidecar(settings, self.store, self.kafka, self.metrics)
-        self.admin = TopicAdmin(self.store, self.kafka, self.metrics)
+        self.admin = TopicAdmin(self.store, self.kafka, self.metrics, self.sidecar.audit)
         self.changes = ChangeRunner(
             settings.sidecar_id,
             self.store,
@@ -61,6 +61,7 @@ class SidecarServer:
             kill_after_phase=Phase(settings.faults.kill_after_phase)
             if settings.faults.kill_after_phase
             else None,
+            audit=self.sidecar.audit,
         )
         self.retirer = Retirer(settings.sidecar_id, self.store, self.kafka, self.metrics)
         self.consumers = Consumers(self.sidecar)

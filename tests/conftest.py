@@ -11,8 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from sidecar.devcluster.provider import ClusterEndpoints, provide_cluster
+
+# No per-example deadline: on a 2-core machine running three brokers beside the tests,
+# example timings vary with load, and a timing is not what these properties check.
+settings.register_profile("ordered-sidecar", deadline=None)
+settings.load_profile("ordered-sidecar")
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 

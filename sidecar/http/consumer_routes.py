@@ -174,6 +174,7 @@ async def records(request: web.Request) -> web.Response:
             # Not sent, so not delivered: the next poll starts from the same records.
             instance.undeliver(result)
             raise
+        instance.audit_delivered(result)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

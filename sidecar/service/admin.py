@@ -14,6 +14,8 @@ from typing import Any
 
 from sidecar.adapters.kafka import KafkaGateway, TopicExists
 from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.audit import events as audit_events
+from sidecar.audit.emitter import AuditEmitter
 from sidecar.core.errors import BadRequest, InvalidPartitionCount, TopicAlreadyManaged, UnknownTopic
 from sidecar.core.generations import GenerationLog, PartitionMode
 from sidecar.core.procedures import MAX_PARTITION_COUNT
@@ -50,10 +52,17 @@ def validate_topic_name(name: str) -> None:
 
 
 class TopicAdmin:
-    def __init__(self, store: MetadataStore, kafka: KafkaGateway, metrics: SidecarMetrics) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        kafka: KafkaGateway,
+        metrics: SidecarMetrics,
+        audit: AuditEmitter | None = None,
+    ) -> None:
         self.store = store
         self.kafka = kafka
         self.metrics = metrics
+        self.audit = audit
 
     async def create(self, request: CreateTopic) -> TopicState:
         """Create the Kafka topic and manage it from generation 0.
@@ -91,7 +100,7 @@ class TopicAdmin:
             request.ordered_delivery,
         )
         state = await self._manage(config, request.partitions)
-        self.metrics.admin_operations.labels("create", "done").inc()
+        self._done("create", request.name, request.partitions)
         return state
 
     async def adopt(
@@ -107,8 +116,17 @@ class TopicAdmin:
         count = await self.kafka.partition_count(name)
         config = TopicConfig(name, count, 0, compacted, ordered_delivery)
         state = await self._manage(config, count)
-        self.metrics.admin_operations.labels("adopt", "done").inc()
+        self._done("adopt", name, count)
         return state
+
+    def _done(self, kind: str, topic: str, count: int) -> None:
+        self.metrics.admin_operations.labels(kind, "done").inc()
+        if self.audit is not None:
+            self.audit.emit(
+                audit_events.admin(
+                    topic=topic, kind=kind, result="done", from_count=0, target_count=count
+                )
+            )
 
     async def describe(self, name: str) -> dict[str, Any]:
         return describe_state(await self.store.read_topic(name))

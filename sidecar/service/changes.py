@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.audit import events as audit_events
+from sidecar.audit.emitter import AuditEmitter
 from sidecar.core.errors import OperationInProgress, SidecarError
 from sidecar.core.generations import PartitionMode, modes_after_commit
 from sidecar.core.procedures import (
@@ -81,6 +83,7 @@ class ChangeRunner:
         *,
         barrier_timeout_s: float,
         kill_after_phase: Phase | None = None,
+        audit: AuditEmitter | None = None,
     ) -> None:
         self.sidecar_id = SidecarId(sidecar_id)
         self.store = store
@@ -88,6 +91,7 @@ class ChangeRunner:
         self.metrics = metrics
         self.barrier_timeout_s = barrier_timeout_s
         self.kill_after_phase = kill_after_phase
+        self.audit = audit
 
     async def change(
         self, request: ChangeRequest, on_progress: ProgressCallback | None = None
@@ -133,7 +137,32 @@ class ChangeRunner:
             result = await self._drive(operation, on_progress, actions)
         outcome = "done" if result.phase is Phase.DONE else "rolled_back"
         self.metrics.admin_operations.labels(kind.value, outcome).inc()
+        if self.audit is not None:
+            self.audit.emit(
+                audit_events.admin(
+                    topic=request.topic,
+                    kind=kind.value,
+                    result=outcome,
+                    from_count=result.from_count,
+                    target_count=result.target_count,
+                )
+            )
         return result
+
+    def _audit_phase(self, operation: Operation) -> None:
+        if self.audit is None:
+            return
+        self.audit.emit(
+            audit_events.barrier_phase(
+                topic=operation.topic,
+                kind=operation.kind.value,
+                from_generation=operation.from_generation,
+                from_count=operation.from_count,
+                target_count=operation.target_count,
+                phase=operation.phase.value,
+                coordinator=operation.coordinator,
+            )
+        )
 
     async def resume_abandoned(self, topic: str) -> Operation | None:
         """Finish a change whose coordinator is gone; None if there is nothing to do."""
@@ -162,6 +191,7 @@ class ChangeRunner:
             # Persist before acting: the journal is what a successor resumes from.
             if operation.phase is not Phase.DONE:
                 await self.store.save_operation(operation)
+            self._audit_phase(operation)
             if operation.phase is self.kill_after_phase:
                 # Fault injection (crash tests): die as abruptly as a killed pod.
                 os.kill(os.getpid(), signal.SIGKILL)

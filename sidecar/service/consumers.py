@@ -40,6 +40,8 @@ from aiokafka.coordinator.protocol import (
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
+from sidecar.audit import events as audit_events
+from sidecar.audit.events import key_sampled
 from sidecar.core.assignment import assign
 from sidecar.core.errors import (
     BadRequest,
@@ -49,8 +51,8 @@ from sidecar.core.errors import (
     SidecarError,
     UnknownConsumerInstance,
 )
-from sidecar.core.gate import GroupProgress, gate
-from sidecar.core.generations import ChangeKind, PartitionMode
+from sidecar.core.gate import GroupProgress, gate, waits_into
+from sidecar.core.generations import ChangeKind, GenerationLog, PartitionMode
 from sidecar.core.handoff import HandoffKind, Revocation, is_gated, revocations_crossed
 from sidecar.core.placement import GENERATION_HEADER, RELOCATION_HEADER, SIDECAR_HEADER
 from sidecar.service.sidecar import Sidecar, TopicRuntime
@@ -136,6 +138,9 @@ class ConsumerInstance:
         self._events: dict[int, HandoffEvent] = {}
         self._event_ids = itertools.count(1)
         self._waits: dict[tuple[str, int, int], tuple[float, ChangeKind]] = {}
+        self._gate_reported: set[tuple[str, int, int]] = set()
+        self._delivery_lock = asyncio.Lock()
+        self._revoking: set[TopicPartition] = set()
         self._last_auto_commit = time.monotonic()
         self._http: aiohttp.ClientSession | None = None
 
@@ -235,6 +240,12 @@ class ConsumerInstance:
                 state.buffer.append(record)
 
     async def _release(self, max_bytes: int | None) -> PollResult:
+        # A rebalance listener commits what was delivered only once no release runs, so
+        # a record can never be released after the commit that hands its partition over.
+        async with self._delivery_lock:
+            return await self._release_locked(max_bytes)
+
+    async def _release_locked(self, max_bytes: int | None) -> PollResult:
         released: list[Delivered] = []
         size = 0
         events = list(self._events.values())
@@ -250,7 +261,7 @@ class ConsumerInstance:
                 if tp.topic not in progress_by_topic:
                     progress_by_topic[tp.topic] = await self._progress(runtime, tp.topic)
                 progress = progress_by_topic[tp.topic]
-            while state.buffer:
+            while state.buffer and tp not in self._revoking:
                 record = state.buffer[0]
                 if runtime is not None and _header(record, RELOCATION_HEADER) == b"1":
                     state.buffer.popleft()
@@ -263,6 +274,8 @@ class ConsumerInstance:
                         runtime, progress, tp, record.offset, events
                     ):
                         break
+                    if tp in self._revoking:
+                        break  # a rebalance started while the gate was consulted
                 record_size = len(record.key or b"") + len(record.value or b"")
                 if max_bytes is not None and released and size + record_size > max_bytes:
                     return self._still_assigned(PollResult(released, events))
@@ -275,12 +288,22 @@ class ConsumerInstance:
         return self._still_assigned(PollResult(released, events))
 
     def _still_assigned(self, result: PollResult) -> PollResult:
-        """Drop what was released from partitions a rebalance took away meanwhile: their
-        new owner delivers them, so delivering them here too would duplicate them."""
+        """Drop what was released from partitions that are no longer assigned (lost in a
+        rebalance without a revocation): their new owner delivers them. The position goes
+        back, so nothing dropped here is ever committed as delivered."""
         if self._consumer is None:
             return result
         assigned = self._consumer.assignment()
-        kept = [r for r in result.records if TopicPartition(r.topic, r.partition) in assigned]
+        kept = []
+        for record in result.records:
+            tp = TopicPartition(record.topic, record.partition)
+            if tp in assigned:
+                kept.append(record)
+                continue
+            state = self._partitions.get(tp)
+            if state is not None:
+                state.buffer.clear()
+                state.delivered = min(state.delivered or record.offset, record.offset)
         return PollResult(kept, result.events)
 
     async def _revoked_before(
@@ -350,6 +373,9 @@ class ConsumerInstance:
         await self._clear_waits(tp.topic)
         if is_gated(log, tp.partition, decision.generation):
             key = (tp.topic, tp.partition, decision.generation)
+            if key not in self._gate_reported:
+                self._gate_reported.add(key)
+                self._audit_gate_opened(log, progress, tp, record.offset, decision.generation)
             if key not in self._announced:
                 announced = await self._announce(
                     HandoffKind.KEYS_ASSIGNED, tp.topic, tp.partition, decision.generation, events
@@ -358,6 +384,58 @@ class ConsumerInstance:
                     return False
                 self._announced.add(key)
         return True
+
+    def _audit_gate_opened(
+        self,
+        log: GenerationLog,
+        progress: GroupProgress,
+        tp: TopicPartition,
+        offset: int,
+        generation: int,
+    ) -> None:
+        evidence = [
+            {
+                "source": wait.source,
+                "boundary": wait.boundary,
+                "committed": progress.committed.get(wait.source),
+                "log_start": progress.log_start.get(wait.source),
+                "mode": progress.modes[wait.source].value
+                if wait.source < len(progress.modes)
+                else None,
+            }
+            for wait in waits_into(log, tp.partition, generation)
+        ]
+        self.sidecar.audit.emit(
+            audit_events.gate_opened(
+                group=self.config.group,
+                instance=self.instance_id,
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=offset,
+                generation=generation,
+                evidence=evidence,
+            )
+        )
+
+    def audit_delivered(self, result: PollResult) -> None:
+        """Record what reached the app (called once the response is encoded)."""
+        if not self.sidecar.audit.enabled:
+            return
+        rate = self.sidecar.settings.audit.sample_rate
+        for record in result.records:
+            if not key_sampled(record.key, rate):
+                continue
+            self.sidecar.audit.emit(
+                audit_events.delivered(
+                    group=self.config.group,
+                    instance=self.instance_id,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    key=record.key,
+                    headers=dict(record.headers),
+                )
+            )
 
     async def _progress(self, runtime: TopicRuntime, topic: str) -> GroupProgress:
         count = len(runtime.state.modes)
@@ -515,7 +593,17 @@ class ConsumerInstance:
         except KafkaError as exc:
             raise KafkaUnavailable(f"commit failed: {exc}") from exc
         for tp, meta in to_commit.items():
-            self._partitions[tp].committed = meta.offset
+            if tp in self._partitions:
+                self._partitions[tp].committed = meta.offset
+            self.sidecar.audit.emit(
+                audit_events.committed(
+                    group=self.config.group,
+                    instance=self.instance_id,
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=meta.offset,
+                )
+            )
         self.consumers.committed(self.config.group, to_commit)
 
     async def _revoke_before(self, tp: TopicPartition, offset: int) -> None:
@@ -731,12 +819,23 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.instance = instance
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        revoked = list(revoked)
-        if self.instance.config.auto_commit:
-            with contextlib.suppress(SidecarError, KafkaError):
-                await self.instance.settle_before_revoke(revoked)
-                await self.instance._auto_commit(force=True)
-        self.instance.revoked(revoked)
+        instance = self.instance
+        partitions = set(revoked)
+        # From here on nothing more is released from these partitions.
+        instance._revoking |= partitions
+        try:
+            if instance.config.auto_commit:
+                with contextlib.suppress(SidecarError, KafkaError):
+                    # Outside the delivery lock: the app keeps polling, and finds and
+                    # acknowledges the keys-revoked events this waits for.
+                    await instance.settle_before_revoke(sorted(partitions))
+            async with instance._delivery_lock:
+                if instance.config.auto_commit:
+                    with contextlib.suppress(SidecarError, KafkaError):
+                        await instance._auto_commit(force=True)
+                instance.revoked(partitions)
+        finally:
+            instance._revoking -= partitions
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         # Buffers start empty; positions come from the group's committed offsets.

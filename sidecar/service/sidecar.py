@@ -25,6 +25,9 @@ from dataclasses import dataclass, field, replace
 
 from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
 from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.audit import events as audit_events
+from sidecar.audit.emitter import AuditEmitter
+from sidecar.audit.events import key_sampled
 from sidecar.config import Settings
 from sidecar.core.errors import (
     FencedGeneration,
@@ -100,11 +103,13 @@ class Sidecar:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._ready = False
+        self.audit = AuditEmitter(settings.audit, settings.sidecar_id, kafka, metrics)
 
     # Lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.kafka.start()
+        await self.audit.start()
         await self.store.start()
         self.store.add_session_listener(self._on_session)
         await self.store.register_sidecar(
@@ -123,6 +128,7 @@ class Sidecar:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.audit.stop()
         # The gateway flushes in-flight sends before it closes.
         await self.kafka.stop()
         await self.store.stop()
@@ -341,6 +347,21 @@ class Sidecar:
                     self.metrics.relocation_tombstones.labels(runtime.name).inc()
                 continue
             results[owner] = _result(outcome)
+            if isinstance(outcome, SentRecord) and key_sampled(
+                sent_record.key, self.settings.audit.sample_rate
+            ):
+                self.audit.emit(
+                    audit_events.produce_acked(
+                        topic=runtime.name,
+                        partition=outcome.partition,
+                        offset=outcome.offset,
+                        key=sent_record.key,
+                        generation=generation.number,
+                        count=generation.undeleted_count,
+                        producer=self.sidecar_id,
+                        producer_seq=_sequence_of(sent_record),
+                    )
+                )
         await self._maybe_ack_barrier(runtime)
         return ProduceOutcome(
             [r for r in results if r is not None], generation.number, generation.undeleted_count

@@ -1,0 +1,184 @@
+"""Audit events, schema version 1. Pure: builders of JSON-ready dicts.
+
+Every event is one JSON object (one Kafka record on the audit topic, or one line of
+a JSON-lines file) with these common fields:
+
+=================  ===========================================================
+``schema``         1
+``type``           one of the types below
+``sidecar``        id of the sidecar that emitted it
+``seq``            that sidecar's audit sequence number (from 0, no gaps unless
+                   events were dropped: ``sidecar_audit_events_dropped_total``)
+``time``           wall-clock seconds (float) when it was emitted
+=================  ===========================================================
+
+Types and their own fields (``key`` is base64 or null; ``producer`` and
+``producer_seq`` are the ``ordered.sidecar`` and ``ordered.sequence`` headers of the
+record, which identify it across partitions and generations):
+
+``produce_acked``   topic, partition, offset, key, generation, count, producer, producer_seq
+``delivered``       group, instance, topic, partition, offset, key, generation, producer,
+                    producer_seq (generation/producer null for a record without headers)
+``committed``       group, instance, topic, partition, offset (the next offset to read)
+``gate_opened``     group, instance, topic, partition, offset, generation, evidence: a list
+                    of {source, boundary, committed, log_start, mode} the gate relied on
+``barrier_phase``   topic, kind (expand/shrink), from_generation, from_count, target_count,
+                    phase, coordinator
+``admin``           topic, kind (create/adopt/expand/shrink), result, from_count, target_count
+
+Record events (``produce_acked``, ``delivered``) are sampled by key hash
+(``audit.sample_rate``) so that a sampled key's history is complete; the others are
+always emitted.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sidecar.core.routing import positive_hash
+
+SCHEMA_VERSION = 1
+Event = dict[str, Any]
+
+
+def key_sampled(key: bytes | None, sample_rate: float) -> bool:
+    """Whether record events of ``key`` are emitted. Stable across sidecars (murmur2)."""
+    if sample_rate >= 1.0:
+        return True
+    if key is None:
+        return sample_rate > 0.0
+    return positive_hash(key) % 10_000 < int(sample_rate * 10_000)
+
+
+def _key(key: bytes | None) -> str | None:
+    return None if key is None else base64.b64encode(key).decode("ascii")
+
+
+def produce_acked(
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    generation: int,
+    count: int,
+    producer: str,
+    producer_seq: int,
+) -> Event:
+    return {
+        "type": "produce_acked",
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": _key(key),
+        "generation": generation,
+        "count": count,
+        "producer": producer,
+        "producer_seq": producer_seq,
+    }
+
+
+def delivered(
+    *,
+    group: str,
+    instance: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    headers: Mapping[str, bytes],
+) -> Event:
+    generation = headers.get("ordered.generation")
+    producer_seq = headers.get("ordered.sequence")
+    producer = headers.get("ordered.sidecar")
+    return {
+        "type": "delivered",
+        "group": group,
+        "instance": instance,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": _key(key),
+        "generation": None if generation is None else int(generation),
+        "producer": None if producer is None else producer.decode(errors="replace"),
+        "producer_seq": None if producer_seq is None else int(producer_seq),
+    }
+
+
+def committed(*, group: str, instance: str, topic: str, partition: int, offset: int) -> Event:
+    return {
+        "type": "committed",
+        "group": group,
+        "instance": instance,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+    }
+
+
+def gate_opened(
+    *,
+    group: str,
+    instance: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    generation: int,
+    evidence: Sequence[Mapping[str, Any]],
+) -> Event:
+    return {
+        "type": "gate_opened",
+        "group": group,
+        "instance": instance,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "generation": generation,
+        "evidence": [dict(item) for item in evidence],
+    }
+
+
+def barrier_phase(
+    *,
+    topic: str,
+    kind: str,
+    from_generation: int,
+    from_count: int,
+    target_count: int,
+    phase: str,
+    coordinator: str,
+) -> Event:
+    return {
+        "type": "barrier_phase",
+        "topic": topic,
+        "kind": kind,
+        "from_generation": from_generation,
+        "from_count": from_count,
+        "target_count": target_count,
+        "phase": phase,
+        "coordinator": coordinator,
+    }
+
+
+def admin(*, topic: str, kind: str, result: str, from_count: int, target_count: int) -> Event:
+    return {
+        "type": "admin",
+        "topic": topic,
+        "kind": kind,
+        "result": result,
+        "from_count": from_count,
+        "target_count": target_count,
+    }
+
+
+def stamped(event: Event, *, sidecar: str, seq: int, now: float | None = None) -> Event:
+    """``event`` with the common fields."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "sidecar": sidecar,
+        "seq": seq,
+        "time": time.time() if now is None else now,
+    } | event
