@@ -55,14 +55,18 @@ class AuditEmitter:
     async def start(self) -> None:
         if not self.enabled:
             return
-        with contextlib.suppress(TopicExists):
+        try:
             await self.kafka.create_topic(
                 self.settings.topic,
                 AUDIT_PARTITIONS,
                 min(3, self.replication_factor),
                 compacted=False,
             )
-        self._partitions = await self.kafka.partition_count(self.settings.topic)
+            # Not asked back: a broker other than the one that answered the creation may
+            # not list the new topic yet.
+            self._partitions = AUDIT_PARTITIONS
+        except TopicExists:
+            self._partitions = await self.kafka.partition_count(self.settings.topic)
         self._task = asyncio.create_task(self._send_forever())
 
     async def stop(self) -> None:

@@ -402,16 +402,21 @@ class Participant:
                 current_count=self.undeleted_count,
             )
 
-    def send_started(self) -> Participant:
-        """Record a send routed under ``generation``. Raises if not admitted."""
+    def send_started(self, count: int = 1) -> Participant:
+        """Record ``count`` sends routed under ``generation``. Raises if not admitted."""
         if self.admission() is not Admission.ROUTE:
             raise RuntimeError("send started while the participant holds produces")
-        return replace(self, in_flight=self.in_flight + 1)
+        return replace(self, in_flight=self.in_flight + count)
 
     def send_acknowledged(self, partition: int, offset: int) -> Participant:
+        return self.sends_acknowledged({partition: offset}, 1)
+
+    def sends_acknowledged(self, highest: Mapping[int, int], count: int) -> Participant:
+        """``count`` sends acknowledged; ``highest`` is the highest offset per partition."""
         acked = dict(self.acked_next)
-        acked[partition] = max(acked.get(partition, 0), offset + 1)
-        return replace(self, in_flight=self.in_flight - 1, acked_next=acked)
+        for partition, offset in highest.items():
+            acked[partition] = max(acked.get(partition, 0), offset + 1)
+        return replace(self, in_flight=self.in_flight - count, acked_next=acked)
 
     def send_failed(self, send_id: int, *, maybe_appended: bool) -> Participant:
         """A send failed; if the broker may still have appended it, it stays uncertain."""

@@ -16,6 +16,7 @@ large ``K``). Two consequences carry the ordering guarantee:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -82,6 +83,7 @@ class LinearHashShape:
     split_count: int
 
 
+@functools.lru_cache(maxsize=1024)
 def linear_hash_shape(initial_count: int, undeleted_count: int) -> LinearHashShape:
     """Compute ``L``, ``N * 2**L`` and ``S``.
 

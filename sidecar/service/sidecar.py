@@ -337,11 +337,11 @@ class Sidecar:
             ]
             outgoing.append(OutgoingKafkaRecord(target, record.key, record.value, headers))
             owners.append(index)
-        for _ in outgoing:
-            runtime.participant = runtime.participant.send_started()
+        if outgoing:
+            runtime.participant = runtime.participant.send_started(len(outgoing))
         sent = await self.kafka.send_batch(runtime.name, outgoing)
+        self._settle_batch(runtime, outgoing, sent)
         for sent_record, owner, outcome in zip(outgoing, owners, sent, strict=True):
-            self._settle(runtime, sent_record, outcome)
             if owner is None:
                 if isinstance(outcome, SentRecord):
                     self.metrics.relocation_tombstones.labels(runtime.name).inc()
@@ -391,20 +391,28 @@ class Sidecar:
             self._tombstones_sent.popitem(last=False)
         return True
 
-    def _settle(
-        self, runtime: TopicRuntime, record: OutgoingKafkaRecord, outcome: SentRecord | SendFailed
+    def _settle_batch(
+        self,
+        runtime: TopicRuntime,
+        records: list[OutgoingKafkaRecord],
+        outcomes: list[SentRecord | SendFailed],
     ) -> None:
-        if isinstance(outcome, SentRecord):
-            runtime.participant = runtime.participant.send_acknowledged(
-                outcome.partition, outcome.offset
+        """Tell the participant how the sends ended: one update for all acknowledged."""
+        highest: dict[int, int] = {}
+        acknowledged = 0
+        for record, outcome in zip(records, outcomes, strict=True):
+            if isinstance(outcome, SentRecord):
+                acknowledged += 1
+                highest[outcome.partition] = max(highest.get(outcome.partition, -1), outcome.offset)
+                continue
+            send_id = _sequence_of(record)
+            runtime.participant = runtime.participant.send_failed(
+                send_id, maybe_appended=outcome.maybe_appended
             )
-            return
-        send_id = _sequence_of(record)
-        runtime.participant = runtime.participant.send_failed(
-            send_id, maybe_appended=outcome.maybe_appended
-        )
-        if outcome.maybe_appended:
-            self._spawn(self._resolve_uncertain(runtime, record, send_id))
+            if outcome.maybe_appended:
+                self._spawn(self._resolve_uncertain(runtime, record, send_id))
+        if acknowledged:
+            runtime.participant = runtime.participant.sends_acknowledged(highest, acknowledged)
 
     async def _resolve_uncertain(
         self, runtime: TopicRuntime, record: OutgoingKafkaRecord, send_id: int
