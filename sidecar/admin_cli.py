@@ -53,6 +53,11 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         change.add_argument("--validate-only", action="store_true")
         if name == "shrink":
             change.add_argument("--delete-after", type=float, dest="delete_after_seconds")
+            change.add_argument(
+                "--wait-retired",
+                action="store_true",
+                help="after the commit, show retirement until no partition is read-only",
+            )
     topics.set_defaults(handler=run_topics)
 
 
@@ -132,7 +137,31 @@ async def _change(session: aiohttp.ClientSession, args: argparse.Namespace) -> i
         f"{args.topic}: {verb} {document['from_count']} -> {document['target_count']} partitions"
         f" ({document['phase']})"
     )
+    if getattr(args, "wait_retired", False) and not args.validate_only:
+        await _show_retirement(session, args.topic)
     return 0
+
+
+async def _show_retirement(session: aiohttp.ClientSession, topic: str) -> None:
+    """Print each partition's mode change until none is read-only (draining)."""
+    began = time.monotonic()
+    last: list[str] = []
+    while True:
+        async with session.get(f"/admin/topics/{topic}") as response:
+            document = await response.json(content_type=None)
+        modes = [p["mode"] for p in document["partitions"]]
+        if modes != last:
+            draining = [i for i, mode in enumerate(modes) if mode == "read_only"]
+            removed = [i for i, mode in enumerate(modes) if mode == "removed"]
+            print(
+                f"  {time.monotonic() - began:6.2f} s  draining {draining or '-'}"
+                f"  removed {removed or '-'}",
+                flush=True,
+            )
+            last = modes
+        if "read_only" not in modes:
+            return
+        await asyncio.sleep(PROGRESS_POLL_S * 2)
 
 
 async def _show_progress(session: aiohttp.ClientSession, topic: str) -> None:

@@ -70,6 +70,16 @@ async def test_serve_and_manage_topics_from_the_command_line(cluster: ClusterEnd
         assert code == 0, out
         assert "changed 2 -> 5 partitions (done)" in out
 
+        code, out = await _run(
+            *cli, "shrink", topic, "--to", "4", "--delete-after", "0", "--wait-retired", env=env
+        )
+        assert code == 0, out
+        assert "changed 5 -> 4 partitions (done)" in out
+        assert "removed [4]" in out.splitlines()[-1], out
+
+        code, out = await _run(*cli, "expand", topic, "--to", "5", env=env)
+        assert code == 0, out
+
         code, out = await _run(*cli, "shrink", topic, "--to", "9", env=env)
         assert code == 1, out
         assert json.loads(out)["error_code"] == 42210
@@ -77,7 +87,7 @@ async def test_serve_and_manage_topics_from_the_command_line(cluster: ClusterEnd
         code, out = await _run(*cli, "describe", topic, env=env)
         assert code == 0, out
         described = json.loads(out)
-        assert [g["undeleted_count"] for g in described["generations"]] == [2, 5]
+        assert [g["undeleted_count"] for g in described["generations"]] == [2, 5, 4, 5]
 
         code, out = await _run(
             "topics", "--url", url, "--token", "wrong", "describe", topic, env=env

@@ -1,0 +1,851 @@
+"""Produce throughput and latency: the sidecar over HTTP against a direct aiokafka client.
+
+Run from the repository root::
+
+    .venv/bin/python -m bench.produce [--quick] [--no-java] [--profile FILE]
+
+Both paths are measured in the same run, against the same cluster, alternating, so the
+ratio between them is meaningful even where the absolute figures are not (the load
+generator, the sidecar and three brokers share this machine's cores):
+
+* **direct**: one ``AIOKafkaProducer`` (acks=all, idempotent, aiokafka's defaults
+  otherwise, as the sidecar's own producer) writing keyed records to a plain topic of 6
+  partitions, replication factor 3;
+* **sidecar**: ``sidecar serve`` as its own process, writing to a managed topic of 6
+  partitions, replication factor 3, fed over HTTP (REST Proxy v2 binary format);
+* optionally Kafka's own Java ``ProducerPerformance`` (same producer settings) as the
+  ceiling of what the cluster takes from one client here.
+
+Throughput keeps a fixed number of records in flight (direct: ``--window`` send()
+futures; sidecar: ``--connections`` concurrent requests of ``--batch`` records each;
+by default both 400). Latency is one record at a time, each waited for.
+
+The cluster is ``sidecar.devcluster.provider.provide_cluster()``: an external one when
+``SIDECAR_TEST_KAFKA_BOOTSTRAP`` and ``SIDECAR_TEST_ZOOKEEPER_HOSTS`` are set, otherwise
+a fresh local ZooKeeper + 3 KRaft brokers, stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from kazoo.client import KazooClient
+
+from bench.report import command_line, machine_lines, markdown_table, write_result
+from sidecar.devcluster.install import (
+    _SLF4J_VERSION,
+    KAFKA_VERSION,
+    _ensure_libs,
+    cache_root,
+    ensure_installed,
+)
+from sidecar.devcluster.provider import ClusterEndpoints, provide_cluster
+
+PARTITIONS = 6
+KEY_BYTES = 16
+BINARY_V2 = "application/vnd.kafka.binary.v2+json"
+ADMIN_TOKEN = f"bench-{uuid.uuid4().hex}"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How long and how hard each phase runs."""
+
+    sizes: tuple[int, ...]
+    rounds: int
+    warmup_s: float
+    throughput_s: float
+    latency_s: float
+    latency_max_samples: int
+    connections: int
+    batch: int
+    window: int
+    wide_window: int
+    cluster_warmup_s: float
+    java_records: dict[int, int]
+
+
+FULL = Plan(
+    sizes=(100, 1024),
+    rounds=4,
+    warmup_s=3.0,
+    throughput_s=5.0,
+    latency_s=8.0,
+    latency_max_samples=2_000,
+    connections=4,
+    batch=100,
+    window=400,
+    wide_window=4_000,
+    cluster_warmup_s=40.0,
+    java_records={100: 1_000_000, 1024: 250_000},
+)
+QUICK = Plan(
+    sizes=(100, 1024),
+    rounds=1,
+    warmup_s=1.0,
+    throughput_s=3.0,
+    latency_s=2.0,
+    latency_max_samples=500,
+    connections=4,
+    batch=100,
+    window=400,
+    wide_window=4_000,
+    cluster_warmup_s=6.0,
+    java_records={100: 200_000, 1024: 80_000},
+)
+
+
+# Measuring -------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    acked: int = 0
+    failed: int = 0
+    first_error: str = ""
+
+    def fail(self, count: int, error: str) -> None:
+        self.failed += count
+        self.first_error = self.first_error or error
+
+
+@dataclass(frozen=True, slots=True)
+class CpuUse:
+    """CPU over one phase, each in % of one core (so 100 % x nproc is the whole machine)."""
+
+    load_generator: float
+    sidecar: float
+    cluster: float | None  # ZooKeeper and the brokers, when this run started them
+    rest: float  # everything else on the machine: other users of it, the kernel
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputRun:
+    records: int
+    failed: int
+    seconds: float
+    first_error: str = ""
+    cpu: CpuUse | None = None
+
+    @property
+    def per_second(self) -> float:
+        return self.records / self.seconds
+
+
+class CpuMeter:
+    """CPU time of this process, the sidecar, the cluster and the whole machine over a phase."""
+
+    def __init__(self, sidecar_pid: int, cluster_pids: Sequence[int]) -> None:
+        self._sidecar_pid = sidecar_pid
+        self._cluster_pids = list(cluster_pids)
+        self._began = time.monotonic()
+        self._own = _process_ticks(os.getpid())
+        self._sidecar = _process_ticks(sidecar_pid)
+        self._cluster = sum(_process_ticks(pid) for pid in self._cluster_pids)
+        self._busy, self._total = _machine_ticks()
+
+    def read(self) -> CpuUse:
+        seconds = time.monotonic() - self._began
+        busy, total = _machine_ticks()
+
+        def percent(ticks: int) -> float:
+            return ticks / CLOCK_TICKS / seconds * 100
+
+        own = percent(_process_ticks(os.getpid()) - self._own)
+        sidecar = percent(_process_ticks(self._sidecar_pid) - self._sidecar)
+        cluster = percent(sum(_process_ticks(pid) for pid in self._cluster_pids) - self._cluster)
+        machine = (busy - self._busy) / max(1, total - self._total) * 100 * _cores()
+        known = own + sidecar + cluster
+        return CpuUse(
+            own, sidecar, cluster if self._cluster_pids else None, max(0.0, machine - known)
+        )
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def _process_ticks(pid: int) -> int:
+    # Fields after the command name (which may hold spaces): utime and stime are 14, 15.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _machine_ticks() -> tuple[int, int]:
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    total = sum(values[:8])
+    return total - idle, total
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of ``samples``."""
+    ordered = sorted(samples)
+    rank = max(1, min(len(ordered), round(fraction * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+# Workload --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Pre-built records and request bodies of one record size (built before timing)."""
+
+    size: int
+    records: list[tuple[bytes, bytes]]
+    batch_bodies: list[bytes]
+    single_bodies: list[bytes]
+
+
+def make_workload(size: int, batch: int, bodies: int = 64) -> Workload:
+    rng = random.Random(size)
+    records = [
+        (f"key-{index:012d}".encode(), rng.randbytes(size)) for index in range(batch * bodies)
+    ]
+
+    def body(chunk: Sequence[tuple[bytes, bytes]]) -> bytes:
+        encoded = [
+            {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()}
+            for key, value in chunk
+        ]
+        return json.dumps({"records": encoded}).encode()
+
+    return Workload(
+        size=size,
+        records=records,
+        batch_bodies=[body(records[i : i + batch]) for i in range(0, len(records), batch)],
+        single_bodies=[body([record]) for record in records[:bodies]],
+    )
+
+
+# Direct aiokafka -------------------------------------------------------------------------
+
+
+async def direct_throughput(
+    producer: Any, topic: str, workload: Workload, seconds: float, window: int
+) -> ThroughputRun:
+    """Keep ``window`` records in flight for ``seconds``, then flush; count the acked ones."""
+    slots = asyncio.Semaphore(window)
+    tally = Tally()
+
+    in_flight: set[asyncio.Future[Any]] = set()
+
+    def settled(future: asyncio.Future[Any]) -> None:
+        slots.release()
+        in_flight.discard(future)
+        if future.cancelled():
+            tally.fail(1, "cancelled")
+        elif (exc := future.exception()) is not None:
+            tally.fail(1, repr(exc))
+        else:
+            tally.acked += 1
+
+    records = workload.records
+    began = time.perf_counter()
+    deadline = began + seconds
+    index = 0
+    while time.perf_counter() < deadline:
+        await slots.acquire()
+        key, value = records[index % len(records)]
+        index += 1
+        future = await producer.send(topic, value=value, key=key)
+        in_flight.add(future)
+        future.add_done_callback(settled)
+    if in_flight:
+        await asyncio.wait(set(in_flight))
+    elapsed = time.perf_counter() - began
+    return ThroughputRun(tally.acked, tally.failed, elapsed, tally.first_error)
+
+
+async def direct_latency(
+    producer: Any, topic: str, workload: Workload, seconds: float, max_samples: int
+) -> list[float]:
+    """Seconds per ``send_and_wait`` of one record, one at a time."""
+    samples: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline and len(samples) < max_samples:
+        key, value = workload.records[len(samples) % len(workload.records)]
+        began = time.perf_counter()
+        await producer.send_and_wait(topic, value=value, key=key)
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
+# The sidecar over HTTP -------------------------------------------------------------------
+
+
+@dataclass
+class Sidecar:
+    url: str
+    pid: int
+    process: asyncio.subprocess.Process
+    http: aiohttp.ClientSession = field(repr=False)
+
+
+@contextlib.asynccontextmanager
+async def sidecar_process(
+    cluster: ClusterEndpoints, root: str, log: IO[bytes], connections: int
+) -> AsyncIterator[Sidecar]:
+    """``sidecar serve`` as its own process on a free port; SIGTERM at the end."""
+    env = dict(os.environ)
+    env |= {
+        "ORDERED_SIDECAR__KAFKA__BOOTSTRAP_SERVERS": cluster.kafka_bootstrap,
+        "ORDERED_SIDECAR__ZOOKEEPER__HOSTS": cluster.zookeeper_hosts,
+        "ORDERED_SIDECAR__ZOOKEEPER__ROOT": root,
+        "ORDERED_SIDECAR__HTTP__PORT": "0",
+        "ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "true",
+        "ORDERED_SIDECAR__HTTP__ADMIN_TOKEN": ADMIN_TOKEN,
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("sidecar")),
+        "serve",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 90)).decode()
+        if " ready on " not in line:
+            raise RuntimeError(f"the sidecar did not start (see its log {log.name}): {line!r}")
+        url = line.rsplit(" ", 1)[1].strip()
+        connector = aiohttp.TCPConnector(limit=connections)
+        async with aiohttp.ClientSession(url, connector=connector) as http:
+            yield Sidecar(url, process.pid, process, http)
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 40)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def create_managed_topic(sidecar: Sidecar, topic: str, replication_factor: int) -> None:
+    body = {"name": topic, "partitions": PARTITIONS, "replication_factor": replication_factor}
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with sidecar.http.post("/admin/topics", json=body, headers=headers) as response:
+        if response.status != 201:
+            raise RuntimeError(f"creating {topic}: {response.status} {await response.text()}")
+
+
+async def _post(sidecar: Sidecar, topic: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    async with sidecar.http.post(
+        f"/topics/{topic}", data=body, headers={"Content-Type": BINARY_V2}
+    ) as response:
+        return response.status, json.loads(await response.read())
+
+
+def _count(status: int, answer: dict[str, Any], records: int, tally: Tally) -> None:
+    if status != 200:
+        tally.fail(records, f"{status} {answer}")
+        return
+    for offset in answer["offsets"]:
+        if offset.get("error_code") is None:
+            tally.acked += 1
+        else:
+            tally.fail(1, str(offset))
+
+
+async def sidecar_throughput(
+    sidecar: Sidecar, topic: str, workload: Workload, seconds: float, connections: int
+) -> ThroughputRun:
+    """``connections`` workers each posting batch bodies back to back for ``seconds``."""
+    tally = Tally()
+    bodies = workload.batch_bodies
+    per_body = len(workload.records) // len(bodies)
+    began = time.perf_counter()
+    deadline = began + seconds
+
+    async def worker(first: int) -> None:
+        index = first
+        while time.perf_counter() < deadline:
+            status, answer = await _post(sidecar, topic, bodies[index % len(bodies)])
+            _count(status, answer, per_body, tally)
+            index += connections
+
+    await asyncio.gather(*(worker(k) for k in range(connections)))
+    elapsed = time.perf_counter() - began
+    return ThroughputRun(tally.acked, tally.failed, elapsed, tally.first_error)
+
+
+async def sidecar_latency(
+    sidecar: Sidecar, topic: str, workload: Workload, seconds: float, max_samples: int
+) -> list[float]:
+    """Seconds per request of one record, one request at a time."""
+    samples: list[float] = []
+    tally = Tally()
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline and len(samples) < max_samples:
+        body = workload.single_bodies[len(samples) % len(workload.single_bodies)]
+        began = time.perf_counter()
+        status, answer = await _post(sidecar, topic, body)
+        samples.append(time.perf_counter() - began)
+        _count(status, answer, 1, tally)
+    if tally.failed:
+        raise RuntimeError(f"{tally.failed} single-record produces failed: {tally.first_error}")
+    return samples
+
+
+# Kafka's Java producer -------------------------------------------------------------------
+
+_JAVA_SUMMARY = re.compile(
+    r"^(\d+) records sent, ([\d.]+) records/sec .*?([\d.]+) ms avg latency, "
+    r"([\d.]+) ms max latency, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JavaRun:
+    records: int
+    per_second: float
+    p50_ms: float
+    p99_ms: float
+
+
+def java_tools_classpath() -> str:
+    """``kafka-tools`` (ProducerPerformance) and its runtime jars, resolved once by Maven.
+
+    Kept in its own cache directory, apart from the jars the local cluster runs from,
+    so resolving it never rewrites a directory a running broker reads.
+    """
+    ensure_installed()  # the shared Maven repository and the java check
+    libs = _ensure_libs(
+        cache_root(),
+        f"bench-kafka-tools-{KAFKA_VERSION}",
+        [
+            ("org.apache.kafka", "kafka-tools", KAFKA_VERSION),
+            ("org.slf4j", "slf4j-nop", _SLF4J_VERSION),
+        ],
+    )
+    return str(libs / "*")
+
+
+async def java_throughput(
+    classpath: str, bootstrap: str, topic: str, records: int, size: int
+) -> JavaRun:
+    java = shutil.which("java") or "java"
+    process = await asyncio.create_subprocess_exec(
+        java,
+        "-Xmx512m",
+        "-cp",
+        classpath,
+        "org.apache.kafka.tools.ProducerPerformance",
+        "--topic",
+        topic,
+        "--num-records",
+        str(records),
+        "--record-size",
+        str(size),
+        "--throughput",
+        "-1",
+        "--producer-props",
+        f"bootstrap.servers={bootstrap}",
+        "acks=all",
+        "enable.idempotence=true",
+        "linger.ms=0",
+        "batch.size=16384",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 180)
+    text = output.decode(errors="replace")
+    match = _JAVA_SUMMARY.search(text)
+    if process.returncode != 0 or match is None:
+        raise RuntimeError(f"ProducerPerformance failed ({process.returncode}):\n{text[-2000:]}")
+    return JavaRun(int(match[1]), float(match[2]), float(match[5]), float(match[7]))
+
+
+# Profiling -------------------------------------------------------------------------------
+
+
+async def profile_sidecar(
+    sidecar: Sidecar, topic: str, workload: Workload, plan: Plan, output: Path
+) -> ThroughputRun:
+    """One extra sidecar throughput phase under py-spy (not counted in the results)."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        raise RuntimeError("--profile needs py-spy on the PATH")
+    seconds = max(5, int(plan.throughput_s))
+    spy = await asyncio.create_subprocess_exec(
+        py_spy,
+        "record",
+        "--pid",
+        str(sidecar.pid),
+        "--duration",
+        str(seconds),
+        "--rate",
+        "200",
+        "--format",
+        "raw",
+        "--output",
+        str(output),
+        "--nonblocking",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        return await sidecar_throughput(sidecar, topic, workload, seconds, plan.connections)
+    finally:
+        await spy.wait()
+
+
+# The run ---------------------------------------------------------------------------------
+
+
+DIRECT, SIDECAR, DIRECT_WIDE = "direct aiokafka", "sidecar (HTTP)", "direct aiokafka, wide window"
+
+
+@dataclass
+class SizeResult:
+    size: int
+    throughput: dict[str, list[ThroughputRun]] = field(
+        default_factory=lambda: {DIRECT: [], SIDECAR: [], DIRECT_WIDE: []}
+    )
+    direct_latency: list[float] = field(default_factory=list)
+    sidecar_latency: list[float] = field(default_factory=list)
+    java: JavaRun | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Both ways of producing, ready: the producer and plain topic, the sidecar and its topic."""
+
+    producer: Any
+    plain: str
+    sidecar: Sidecar
+    managed: str
+    cluster_pids: Sequence[int]
+
+    async def throughput(
+        self, path: str, workload: Workload, seconds: float, plan: Plan
+    ) -> ThroughputRun:
+        meter = CpuMeter(self.sidecar.pid, self.cluster_pids)
+        if path == SIDECAR:
+            run = await sidecar_throughput(
+                self.sidecar, self.managed, workload, seconds, plan.connections
+            )
+        else:
+            window = plan.wide_window if path == DIRECT_WIDE else plan.window
+            run = await direct_throughput(self.producer, self.plain, workload, seconds, window)
+        return dataclasses.replace(run, cpu=meter.read())
+
+    async def latency(
+        self, path: str, workload: Workload, seconds: float, max_samples: int
+    ) -> list[float]:
+        if path == SIDECAR:
+            return await sidecar_latency(self.sidecar, self.managed, workload, seconds, max_samples)
+        return await direct_latency(self.producer, self.plain, workload, seconds, max_samples)
+
+
+async def run(
+    plan: Plan, java: bool, profile: Path | None, log: IO[bytes]
+) -> tuple[list[SizeResult], str]:
+    """Every phase of ``plan``; the sidecar's stderr goes to ``log``."""
+    classpath = java_tools_classpath() if java else ""
+    suffix = uuid.uuid4().hex[:8]
+    managed, plain = f"bench-sidecar-{suffix}", f"bench-direct-{suffix}"
+    root = f"/bench-{suffix}"
+    results: list[SizeResult] = []
+    with provide_cluster() as cluster:
+        kafka = f"{KAFKA_VERSION}, {cluster.broker_count} brokers ({cluster.kind} cluster)"
+        if cluster.kind == "local":
+            kafka += " on loopback"
+        print(f"cluster: Kafka {kafka}, bootstrap {cluster.kafka_bootstrap}", flush=True)
+        rf = cluster.replication_factor
+        admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+        await admin.start()
+        producer = AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap, acks="all", enable_idempotence=True
+        )
+        try:
+            await admin.create_topics([NewTopic(plain, PARTITIONS, rf)])
+            await producer.start()
+            async with sidecar_process(cluster, root, log, plan.connections) as sidecar:
+                await create_managed_topic(sidecar, managed, rf)
+                target = Target(producer, plain, sidecar, managed, _cluster_pids(cluster))
+                await _warm_up(plan, target)
+                for size in plan.sizes:
+                    result = SizeResult(size)
+                    results.append(result)
+                    await _measure_size(plan, make_workload(size, plan.batch), result, target)
+                    if java:
+                        records = plan.java_records[size]
+                        print(f"  Java ProducerPerformance, {records:,} records", flush=True)
+                        result.java = await java_throughput(
+                            classpath, cluster.kafka_bootstrap, plain, records, size
+                        )
+                        print(f"  Java: {result.java.per_second:,.0f} records/s", flush=True)
+                if profile is not None:
+                    workload = make_workload(plan.sizes[0], plan.batch)
+                    print(f"profiling the sidecar into {profile}", flush=True)
+                    profiled = await profile_sidecar(sidecar, managed, workload, plan, profile)
+                    print(f"  (profiled run: {profiled.per_second:,.0f} records/s)", flush=True)
+        finally:
+            await producer.stop()
+            with contextlib.suppress(Exception):
+                await admin.delete_topics([plain, managed])
+            await admin.close()
+            _delete_root(cluster.zookeeper_hosts, root)
+    return results, kafka
+
+
+async def _warm_up(plan: Plan, target: Target) -> None:
+    """Load both paths before measuring: a fresh broker JVM is several times slower
+    in its first seconds (JIT), which would be charged to whichever path ran first."""
+    print(f"warming up the cluster for {plan.cluster_warmup_s:g} s", flush=True)
+    workload = make_workload(plan.sizes[0], plan.batch)
+    slice_s = plan.cluster_warmup_s / 4
+    for path in (DIRECT, SIDECAR, DIRECT, SIDECAR):
+        await target.throughput(path, workload, slice_s, plan)
+
+
+async def _measure_size(plan: Plan, workload: Workload, result: SizeResult, target: Target) -> None:
+    print(f"{workload.size} B records", flush=True)
+    for path in (DIRECT, SIDECAR):
+        await target.throughput(path, workload, plan.warmup_s, plan)
+    for round_index in range(plan.rounds):
+        # Alternate the order, so that a drift in the machine's load hits every path.
+        order = [DIRECT, SIDECAR, DIRECT_WIDE]
+        if round_index % 2:
+            order.reverse()
+        for path in order:
+            run = await target.throughput(path, workload, plan.throughput_s, plan)
+            result.throughput[path].append(run)
+            print(f"  {path} throughput: {run.per_second:,.0f} records/s", flush=True)
+        latency_s = plan.latency_s / plan.rounds
+        samples = plan.latency_max_samples // plan.rounds
+        for path in (DIRECT, SIDECAR) if round_index % 2 == 0 else (SIDECAR, DIRECT):
+            latencies = await target.latency(path, workload, latency_s, samples)
+            if path == SIDECAR:
+                result.sidecar_latency += latencies
+            else:
+                result.direct_latency += latencies
+    print(
+        f"  latency p50: direct {percentile(result.direct_latency, 0.5) * 1e3:.2f} ms, "
+        f"sidecar {percentile(result.sidecar_latency, 0.5) * 1e3:.2f} ms",
+        flush=True,
+    )
+
+
+def _cluster_pids(cluster: ClusterEndpoints) -> list[int]:
+    if cluster.local is None:
+        return []
+    return [int(server["pid"]) for server in cluster.local.status().values() if server["pid"]]
+
+
+def _delete_root(hosts: str, root: str) -> None:
+    zookeeper = KazooClient(hosts=hosts)
+    try:
+        zookeeper.start(timeout=10)
+        zookeeper.delete(root, recursive=True)
+    except Exception as exc:  # cleanup only: report, never mask the results
+        print(f"could not delete ZooKeeper root {root}: {exc!r}", file=sys.stderr)
+    finally:
+        zookeeper.stop()
+        zookeeper.close()
+
+
+# Rendering -------------------------------------------------------------------------------
+
+
+def _median_rate(runs: Sequence[ThroughputRun]) -> float:
+    return statistics.median(run.per_second for run in runs)
+
+
+def _paired_ratio(
+    numerators: Sequence[ThroughputRun], denominators: Sequence[ThroughputRun]
+) -> str:
+    """Median (min-max) of the per-round ratios: each round's runs ran back to back, so
+    a change in the machine's other load between rounds cancels out of its ratio."""
+    ratios = [
+        top.per_second / bottom.per_second
+        for top, bottom in zip(numerators, denominators, strict=True)
+    ]
+    if len(ratios) == 1:
+        return f"{ratios[0]:.2f}"
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def _cpu(runs: Sequence[ThroughputRun], which: str) -> str:
+    values = [getattr(run.cpu, which) for run in runs]
+    if any(value is None for value in values):
+        return "-"
+    return f"{statistics.fmean(values):.0f} %"
+
+
+def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
+    labels = {
+        DIRECT: f"direct aiokafka, {plan.window:,} in flight",
+        SIDECAR: f"sidecar over HTTP, {plan.connections} x {plan.batch} in flight",
+        DIRECT_WIDE: f"direct aiokafka, {plan.wide_window:,} in flight",
+    }
+    headline_rows = []
+    throughput_rows = []
+    latency_rows = []
+    for result in results:
+        size = f"{result.size} B"
+        rates = {path: _median_rate(runs) for path, runs in result.throughput.items()}
+        runs_of = result.throughput
+        latencies = {DIRECT: result.direct_latency, SIDECAR: result.sidecar_latency}
+        p50 = {path: percentile(samples, 0.5) * 1e3 for path, samples in latencies.items()}
+        headline_rows.append(
+            [
+                size,
+                _paired_ratio(runs_of[SIDECAR], runs_of[DIRECT]),
+                f"{p50[SIDECAR] - p50[DIRECT]:+.2f} ms",
+                f"{p50[DIRECT]:.2f} → {p50[SIDECAR]:.2f} ms",
+                _paired_ratio(runs_of[SIDECAR], runs_of[DIRECT_WIDE]),
+            ]
+        )
+        for path in (DIRECT, SIDECAR, DIRECT_WIDE):
+            runs = result.throughput[path]
+            throughput_rows.append(
+                [
+                    size,
+                    labels[path],
+                    f"{rates[path]:,.0f}",
+                    f"{rates[path] * result.size / MIB:.2f}",
+                    ", ".join(f"{run.per_second:,.0f}" for run in runs),
+                    str(sum(run.failed for run in runs)),
+                    _cpu(runs, "load_generator"),
+                    _cpu(runs, "sidecar"),
+                    _cpu(runs, "cluster"),
+                    _cpu(runs, "rest"),
+                ]
+            )
+        if result.java is not None:
+            java = result.java
+            throughput_rows.append(
+                [
+                    size,
+                    "Java ProducerPerformance (unkeyed)",
+                    f"{java.per_second:,.0f}",
+                    f"{java.per_second * result.size / MIB:.2f}",
+                    f"{java.records:,} records",
+                    "0",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                ]
+            )
+        for path, samples in latencies.items():
+            latency_rows.append(
+                [
+                    size,
+                    "direct aiokafka" if path == DIRECT else "sidecar over HTTP",
+                    f"{len(samples):,}",
+                    f"{percentile(samples, 0.5) * 1e3:.2f}",
+                    f"{percentile(samples, 0.99) * 1e3:.2f}",
+                    f"{statistics.fmean(samples) * 1e3:.2f}",
+                ]
+            )
+    in_flight = plan.connections * plan.batch
+    return [
+        "## Headline: the sidecar against direct aiokafka, same cluster, same run",
+        "",
+        *markdown_table(
+            [
+                "record size",
+                f"throughput sidecar / direct ({in_flight} in flight each)",
+                "single-record p50 overhead",
+                "p50 direct → sidecar",
+                f"sidecar / direct with {plan.wide_window:,} in flight",
+            ],
+            headline_rows,
+        ),
+        "",
+        "Throughput ratios: median (min-max) over the rounds of the ratio within a round.",
+        "",
+        f"## Throughput ({PARTITIONS} partitions, RF 3, acks=all, idempotent, keyed records; "
+        f"{plan.rounds} x {plan.throughput_s:g} s per path, alternating)",
+        "",
+        "In flight: records sent and not yet acknowledged (direct: send() futures; sidecar: "
+        f"{plan.connections} connections, each with one request of {plan.batch} records). "
+        "CPU is the mean over the runs, in % of one core (the machine has "
+        f"{_cores()} cores, {_cores() * 100} %): the load generator (this process, with "
+        "the direct producer in it), the sidecar process, ZooKeeper + brokers (when this "
+        "run started them) and the rest of the machine (other work on it, the kernel).",
+        "",
+        *markdown_table(
+            [
+                "record size",
+                "path",
+                "records/s (median)",
+                "payload MiB/s",
+                "each round",
+                "failed",
+                "load gen CPU",
+                "sidecar CPU",
+                "cluster CPU",
+                "rest of machine",
+            ],
+            throughput_rows,
+        ),
+        "",
+        "## Single-record latency (one record at a time, each acknowledged before the next)",
+        "",
+        *markdown_table(
+            ["record size", "path", "samples", "p50 ms", "p99 ms", "mean ms"], latency_rows
+        ),
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="short phases, one round, no Java")
+    parser.add_argument("--no-java", action="store_true", help="skip Kafka's ProducerPerformance")
+    parser.add_argument(
+        "--profile", type=Path, help="also record the sidecar with py-spy (raw stacks) to FILE"
+    )
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    java = not (args.quick or args.no_java)
+    header_machine = machine_lines("…")  # the load average before the cluster starts
+    began = time.monotonic()
+    with tempfile.NamedTemporaryFile(prefix="bench-sidecar-", suffix=".log", delete=False) as log:
+        results, kafka = asyncio.run(run(plan, java, args.profile, log))
+    Path(log.name).unlink()  # kept only when the run failed
+    header = [
+        *(
+            line if not line.startswith("- Kafka:") else f"- Kafka: {kafka}"
+            for line in header_machine
+        ),
+        f"- command: `{command_line('bench.produce')}` ({time.monotonic() - began:.0f} s)",
+    ]
+    body = render(results, plan)
+    print("\n".join(body))
+    path = write_result("produce", "Produce benchmark", header, body)
+    print(f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    main()

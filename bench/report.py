@@ -1,0 +1,71 @@
+"""What every benchmark result file starts with, and where it is written.
+
+A figure without the machine it was measured on is not a figure: each result file
+opens with the date, the CPU, memory, Python and Kafka it ran against, the load
+average before it started (other work on the machine shows there), and the exact
+command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def command_line(module: str) -> str:
+    """The command that ran this benchmark, as typed from the repository root."""
+    return " ".join([".venv/bin/python", "-m", module, *sys.argv[1:]])
+
+
+def machine_lines(kafka: str) -> list[str]:
+    """Markdown bullet lines describing this machine; ``kafka`` says what it ran against."""
+    return [
+        f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {len(os.sched_getaffinity(0))} cores (`nproc`), "
+        f"{_memory_gib():.1f} GiB memory, {_cpu_model()}",
+        f"- load average before the run (1/5/15 min): {_load_average()}",
+        f"- Python {platform.python_version()} ({platform.python_implementation()}), "
+        f"{platform.system()} {platform.release()}",
+        f"- Kafka: {kafka}",
+    ]
+
+
+def write_result(name: str, title: str, header: Sequence[str], body: Sequence[str]) -> Path:
+    """Write ``results/<name>.md`` (title, header bullets, body) and return its path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.md"
+    path.write_text("\n".join([f"# {title}", "", *header, "", *body, ""]))
+    return path
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table, numbers right-aligned (every column but the first)."""
+    align = ["---"] + ["---:"] * (len(columns) - 1)
+    lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join(align) + " |"]
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    return lines
+
+
+def _memory_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / (1024 * 1024)
+    return 0.0
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def _load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
