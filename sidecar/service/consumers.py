@@ -322,23 +322,11 @@ class ConsumerInstance:
         """
         committed = progress.committed.get(tp.partition, 0)
         for revocation in revocations_crossed(runtime.state.log, tp.partition, committed, offset):
-            key = (tp.topic, revocation.partition, revocation.generation)
-            if key in self._revoked_acked:
-                continue
-            if self.config.callback_url is not None:
-                await self._call_back(
-                    HandoffKind.KEYS_REVOKED, tp.topic, tp.partition, revocation.generation
-                )
-                self._revoked_acked.add(key)
-                continue
-            if not any(
-                (e.kind, e.topic, e.partition, e.generation) == (HandoffKind.KEYS_REVOKED, *key)
-                for e in self._events.values()
-            ):
-                event = HandoffEvent(next(self._event_ids), HandoffKind.KEYS_REVOKED, *key)
-                self._events[event.event_id] = event
-                events.append(event)
-            return False
+            pending = await self._revocation_pending(tp.topic, revocation)
+            if pending is not None:
+                if pending not in events:
+                    events.append(pending)
+                return False
         return True
 
     def _record_lag(self, tp: TopicPartition, state: _PartitionState) -> None:
@@ -621,29 +609,37 @@ class ConsumerInstance:
             await self._require_revoked(tp.topic, revocation)
 
     async def _require_revoked(self, topic: str, revocation: Revocation) -> None:
+        """Raises ConsumerStateConflict until the app has acknowledged ``revocation``."""
+        pending = await self._revocation_pending(topic, revocation)
+        if pending is not None:
+            raise ConsumerStateConflict(
+                f"acknowledge event {pending.event_id} (keys_revoked for {topic}"
+                f"[{revocation.partition}]) before committing past offset "
+                f"{revocation.boundary}; it is in the next records response"
+            )
+
+    async def _revocation_pending(self, topic: str, revocation: Revocation) -> HandoffEvent | None:
+        """None once the app knows of ``revocation`` (its callback answered, or its event
+        was acknowledged); otherwise the event it still has to acknowledge, created on
+        first need. In callback mode this calls the callback."""
         key = (topic, revocation.partition, revocation.generation)
         if key in self._revoked_acked:
-            return
+            return None
         if self.config.callback_url is not None:
             await self._call_back(
                 HandoffKind.KEYS_REVOKED, topic, revocation.partition, revocation.generation
             )
             self._revoked_acked.add(key)
-            return
-        pending = [
-            e
-            for e in self._events.values()
-            if (e.kind, e.topic, e.partition, e.generation) == (HandoffKind.KEYS_REVOKED, *key)
-        ]
-        if not pending:
-            event = HandoffEvent(next(self._event_ids), HandoffKind.KEYS_REVOKED, *key)
-            self._events[event.event_id] = event
-            pending = [event]
-        raise ConsumerStateConflict(
-            f"acknowledge event {pending[0].event_id} (keys_revoked for {topic}"
-            f"[{revocation.partition}]) before committing past offset {revocation.boundary}; "
-            "it is in the next records response"
-        )
+            return None
+        for event in self._events.values():
+            if (event.kind, event.topic, event.partition, event.generation) == (
+                HandoffKind.KEYS_REVOKED,
+                *key,
+            ):
+                return event
+        event = HandoffEvent(next(self._event_ids), HandoffKind.KEYS_REVOKED, *key)
+        self._events[event.event_id] = event
+        return event
 
     async def settle_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
         """Before a rebalance takes ``partitions`` away, get the app's keys-revoked
@@ -664,18 +660,8 @@ class ConsumerInstance:
             for revocation in revocations_crossed(
                 runtime.state.log, tp.partition, before, state.delivered
             ):
-                key = (tp.topic, revocation.partition, revocation.generation)
-                if key in self._revoked_acked:
-                    continue
-                if self.config.callback_url is not None:
-                    await self._call_back(
-                        HandoffKind.KEYS_REVOKED, tp.topic, tp.partition, revocation.generation
-                    )
-                    self._revoked_acked.add(key)
-                    continue
-                with contextlib.suppress(ConsumerStateConflict):
-                    await self._require_revoked(tp.topic, revocation)
-                pending.append(key)
+                if await self._revocation_pending(tp.topic, revocation) is not None:
+                    pending.append((tp.topic, revocation.partition, revocation.generation))
         deadline = time.monotonic() + REVOKE_ACK_WAIT_S
         while any(key not in self._revoked_acked for key in pending):
             if time.monotonic() >= deadline:

@@ -11,14 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import defaultdict
 
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
 from sidecar.core.routing import partition_for_key
 from sidecar.core.serialization import generation_from_json, log_from_generations
 from sidecar.core.topics import PendingBarrier
 from sidecar.devcluster.provider import ClusterEndpoints
-from tests.integration.sidecars import RunningSidecar, header, read_all, running_sidecars, unique
+from tests.integration.sidecars import (
+    RunningSidecar,
+    check_no_record_crossed_a_barrier,
+    header,
+    read_all,
+    running_sidecars,
+    unique,
+)
 
 
 async def _describe(sidecar: RunningSidecar, topic: str) -> dict[str, object]:
@@ -93,25 +99,7 @@ async def test_expansion_and_shrink_under_load_never_write_across_a_barrier(
     assert modes[:4] == ["read_write"] * 4
     assert set(modes[4:]) <= {"read_only", "removed"}
 
-    stored = await read_all(cluster, topic, 8)
-    assert sum(len(rs) for rs in stored.values()) == written
-    per_key: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
-    for partition, records in stored.items():
-        for record in records:
-            routed_with = int(header(record, "ordered.generation") or b"-1")
-            lies_in = log.generation_of(partition, record.offset)
-            assert routed_with == lies_in, (
-                f"partition {partition} offset {record.offset} was routed with generation "
-                f"{routed_with} but lies in generation {lies_in}"
-            )
-            count = int(header(record, "ordered.count") or b"0")
-            assert record.key is not None
-            assert partition == partition_for_key(record.key, 2, count)
-            per_key[record.key].append((routed_with, json.loads(record.value)["seq"]))
-    # Within one producer, a key's sequence never goes back across generations.
-    for key, seen in per_key.items():
-        by_generation = sorted(seen)
-        assert [s for _, s in by_generation] == sorted(s for _, s in by_generation), key
+    assert await check_no_record_crossed_a_barrier(cluster, description) == written
 
 
 async def test_validate_only_and_invalid_counts_change_nothing(cluster: ClusterEndpoints) -> None:
