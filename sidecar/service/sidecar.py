@@ -112,6 +112,10 @@ class Sidecar:
         await self.audit.start()
         await self.store.start()
         self.store.add_session_listener(self._on_session)
+        # The listener hears of changes only; the gauge must start from the present.
+        self.metrics.zookeeper_connected.set(
+            1 if self.store.session_state is SessionState.CONNECTED else 0
+        )
         await self.store.register_sidecar(
             self.sidecar_id, {"started_at": time.time(), "http_port": self.settings.http.port}
         )
