@@ -135,9 +135,13 @@ def gate(log: GenerationLog, progress: GroupProgress, partition: int, offset: in
     (see ``GenerationLog.generation_of``).
     """
     generation = log.generation_of(partition, offset)
-    unmet = tuple(
-        wait
-        for wait in waits_into(log, partition, generation)
-        if not progress.consumed_up_to(wait.source, wait.boundary)
-    )
-    return GateDecision(generation, unmet)
+    return GateDecision(generation, unmet(waits_into(log, partition, generation), progress))
+
+
+def unmet(waits: Sequence[Wait], progress: GroupProgress) -> tuple[Wait, ...]:
+    """The waits the group has not consumed far enough for yet.
+
+    Split from ``gate`` so that a caller deciding many records of one (partition,
+    generation) computes ``waits_into`` once.
+    """
+    return tuple(w for w in waits if not progress.consumed_up_to(w.source, w.boundary))

@@ -47,7 +47,16 @@ def revocations_crossed(
 
     A boundary at 0 is never crossed: there was nothing to flush.
     """
-    crossed: list[Revocation] = []
+    return [
+        revocation
+        for revocation in revocation_points(log, partition)
+        if committed_before < revocation.boundary <= committing
+    ]
+
+
+def revocation_points(log: GenerationLog, partition: int) -> tuple[Revocation, ...]:
+    """Every change that moved keys away from ``partition``, oldest first."""
+    points: list[Revocation] = []
     for number in range(1, len(log.generations)):
         before, after = log[number - 1], log[number]
         sources = {
@@ -56,12 +65,10 @@ def revocations_crossed(
                 log.initial_count, before.undeleted_count, after.undeleted_count
             )
         }
-        if partition not in sources:
-            continue
         boundary = after.boundary(partition)
-        if boundary is not None and committed_before < boundary <= committing:
-            crossed.append(Revocation(partition, number, boundary))
-    return crossed
+        if partition in sources and boundary is not None:
+            points.append(Revocation(partition, number, boundary))
+    return tuple(points)
 
 
 def is_gated(log: GenerationLog, partition: int, generation: int) -> bool:

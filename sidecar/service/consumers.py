@@ -51,9 +51,14 @@ from sidecar.core.errors import (
     SidecarError,
     UnknownConsumerInstance,
 )
-from sidecar.core.gate import GroupProgress, gate, waits_into
+from sidecar.core.gate import GroupProgress, Wait, unmet, waits_into
 from sidecar.core.generations import ChangeKind, GenerationLog, PartitionMode
-from sidecar.core.handoff import HandoffKind, Revocation, is_gated, revocations_crossed
+from sidecar.core.handoff import (
+    HandoffKind,
+    Revocation,
+    revocation_points,
+    revocations_crossed,
+)
 from sidecar.core.placement import GENERATION_HEADER, RELOCATION_HEADER, SIDECAR_HEADER
 from sidecar.service.sidecar import Sidecar, TopicRuntime
 
@@ -119,6 +124,39 @@ class _PartitionState:
     """Next offset after the last record released (or skipped) here; None: nothing yet."""
     committed: int | None = None
     """What this instance last committed (or read as the group's committed offset)."""
+
+
+class _PartitionCheck:
+    """What the gate needs of one partition during one release, each part computed once."""
+
+    def __init__(
+        self,
+        instance: ConsumerInstance,
+        runtime: TopicRuntime | None,
+        tp: TopicPartition,
+        progress_by_topic: dict[str, GroupProgress],
+    ) -> None:
+        assert runtime is not None
+        self.instance = instance
+        self.runtime = runtime
+        self.tp = tp
+        self.revocations = revocation_points(runtime.state.log, tp.partition)
+        self._waits: dict[int, tuple[Wait, ...]] = {}
+        self._progress_by_topic = progress_by_topic
+
+    def waits(self, generation: int) -> tuple[Wait, ...]:
+        if generation not in self._waits:
+            self._waits[generation] = waits_into(
+                self.runtime.state.log, self.tp.partition, generation
+            )
+        return self._waits[generation]
+
+    async def progress(self) -> GroupProgress:
+        """The group's offsets for the topic, read at most once per release."""
+        topic = self.tp.topic
+        if topic not in self._progress_by_topic:
+            self._progress_by_topic[topic] = await self.instance._progress(self.runtime, topic)
+        return self._progress_by_topic[topic]
 
 
 class ConsumerInstance:
@@ -256,23 +294,19 @@ class ConsumerInstance:
                 continue  # revoked by a rebalance while this loop awaited
             runtime = await self.sidecar.runtime(tp.topic)
             gated = runtime is not None and runtime.state.config.ordered_delivery
-            progress = None
-            if runtime is not None and gated and state.buffer:
-                if tp.topic not in progress_by_topic:
-                    progress_by_topic[tp.topic] = await self._progress(runtime, tp.topic)
-                progress = progress_by_topic[tp.topic]
+            # Per partition and release, computed once: the waits of each generation and
+            # the boundaries where keys moved away; the group's offsets only if needed.
+            check = _PartitionCheck(self, runtime, tp, progress_by_topic) if gated else None
             while state.buffer and tp not in self._revoking:
                 record = state.buffer[0]
                 if runtime is not None and _header(record, RELOCATION_HEADER) == b"1":
                     state.buffer.popleft()
                     state.delivered = record.offset + 1
                     continue
-                if runtime is not None and gated:
-                    assert progress is not None
-                    allowed = await self._gate_allows(runtime, progress, tp, record, events)
-                    if not allowed or not await self._revoked_before(
-                        runtime, progress, tp, record.offset, events
-                    ):
+                if check is not None:
+                    if not await self._gate_allows(check, record, events):
+                        break
+                    if not await self._revoked_before(check, record.offset, events):
                         break
                     if tp in self._revoking:
                         break  # a rebalance started while the gate was consulted
@@ -307,22 +341,21 @@ class ConsumerInstance:
         return PollResult(kept, result.events)
 
     async def _revoked_before(
-        self,
-        runtime: TopicRuntime,
-        progress: GroupProgress,
-        tp: TopicPartition,
-        offset: int,
-        events: list[HandoffEvent],
+        self, check: _PartitionCheck, offset: int, events: list[HandoffEvent]
     ) -> bool:
-        """True once the app has been told that keys of ``tp`` moved away at every
+        """True once the app has been told that keys of the partition moved away at every
         boundary at or below ``offset`` the group has not committed past yet.
 
         Asked before delivering a post-boundary record, not only before committing: a
         rebalance between delivering it and committing it would deliver it again.
         """
-        committed = progress.committed.get(tp.partition, 0)
-        for revocation in revocations_crossed(runtime.state.log, tp.partition, committed, offset):
-            pending = await self._revocation_pending(tp.topic, revocation)
+        if all(revocation.boundary > offset for revocation in check.revocations):
+            return True
+        committed = (await check.progress()).committed.get(check.tp.partition, 0)
+        for revocation in check.revocations:
+            if not committed < revocation.boundary <= offset:
+                continue
+            pending = await self._revocation_pending(check.tp.topic, revocation)
             if pending is not None:
                 if pending not in events:
                     events.append(pending)
@@ -338,12 +371,11 @@ class ConsumerInstance:
 
     async def _gate_allows(
         self,
-        runtime: TopicRuntime,
-        progress: GroupProgress,
-        tp: TopicPartition,
+        check: _PartitionCheck,
         record: ConsumerRecord[bytes, bytes],
         events: list[HandoffEvent],
     ) -> bool:
+        runtime, tp = check.runtime, check.tp
         log = runtime.state.log
         header_generation = _header(record, GENERATION_HEADER)
         if header_generation is not None and int(header_generation) > log.current.number:
@@ -351,26 +383,30 @@ class ConsumerInstance:
             await self.sidecar.refresh(runtime)
             return False
         try:
-            decision = gate(log, progress, tp.partition, record.offset)
+            generation = log.generation_of(tp.partition, record.offset)
         except ValueError:
             return False  # a partition the log does not know yet
-        if not decision.open:
-            for wait in decision.unmet:
+        waits = check.waits(generation)
+        if not waits:
+            return True
+        progress = await check.progress()
+        missing = unmet(waits, progress)
+        if missing:
+            for wait in missing:
                 await self._announce_wait(tp.topic, wait.source, wait.boundary, wait.kind)
             return False
         await self._clear_waits(tp.topic)
-        if is_gated(log, tp.partition, decision.generation):
-            key = (tp.topic, tp.partition, decision.generation)
-            if key not in self._gate_reported:
-                self._gate_reported.add(key)
-                self._audit_gate_opened(log, progress, tp, record.offset, decision.generation)
-            if key not in self._announced:
-                announced = await self._announce(
-                    HandoffKind.KEYS_ASSIGNED, tp.topic, tp.partition, decision.generation, events
-                )
-                if not announced:
-                    return False
-                self._announced.add(key)
+        key = (tp.topic, tp.partition, generation)
+        if key not in self._gate_reported:
+            self._gate_reported.add(key)
+            self._audit_gate_opened(log, progress, tp, record.offset, generation)
+        if key not in self._announced:
+            announced = await self._announce(
+                HandoffKind.KEYS_ASSIGNED, tp.topic, tp.partition, generation, events
+            )
+            if not announced:
+                return False
+            self._announced.add(key)
         return True
 
     def _audit_gate_opened(
