@@ -55,6 +55,7 @@ BARRIER_POLL_S = 0.02
 """How often the coordinator re-reads barrier acks (a watch would save little here:
 the barrier lasts as long as the slowest sidecar's in-flight sends)."""
 
+ACTION_RETRY_S = 0.5
 LOCK_TIMEOUT_S = 10.0
 """Housekeeping (retirement, resumption) holds a topic's lock briefly; a change in
 progress is refused at once from its journal, not by timing out on the lock."""
@@ -190,7 +191,7 @@ class ChangeRunner:
         while True:
             # Persist before acting: the journal is what a successor resumes from.
             if operation.phase is not Phase.DONE:
-                await self.store.save_operation(operation)
+                await self._save_until_done(operation)
             self._audit_phase(operation)
             if operation.phase is self.kill_after_phase:
                 # Fault injection (crash tests): die as abruptly as a killed pod.
@@ -201,7 +202,7 @@ class ChangeRunner:
                 return operation
             observation: Observation | None = None
             for action in actions:
-                observation = await self._run(operation, action)
+                observation = await self._run_until_done(operation, action)
             if observation is None:
                 raise AssertionError(f"phase {operation.phase} produced no observation")
             previous = operation.phase
@@ -212,13 +213,44 @@ class ChangeRunner:
                 )
                 phase_began = time.monotonic()
 
+    async def _save_until_done(self, operation: Operation) -> None:
+        while True:
+            try:
+                await self.store.save_operation(operation)
+                return
+            except SidecarError as exc:
+                _log.warning("journal of %s not saved, retrying: %s", operation.topic, exc.message)
+                await asyncio.sleep(ACTION_RETRY_S)
+
+    async def _run_until_done(self, operation: Operation, action: Action) -> Observation:
+        """Run ``action`` until it has an outcome, whatever ZooKeeper or Kafka do meanwhile.
+
+        Every action is idempotent, so an attempt that failed half-way is simply made
+        again. Giving up instead would leave the journal unfinished under a coordinator
+        that is still alive: no one else would finish the change, and every later change
+        of the topic would be refused as "in progress". Before the barrier passes, a
+        failure past the barrier deadline becomes a rollback (``Failed``).
+        """
+        while True:
+            try:
+                return await self._run(operation, action)
+            except (SidecarError, TimeoutError, OSError) as exc:
+                reason = exc.message if isinstance(exc, SidecarError) else repr(exc)
+                if operation.phase in (Phase.CREATING_PARTITIONS, Phase.BARRIER) and (
+                    time.time() >= operation.barrier_deadline
+                ):
+                    return Failed(f"{type(action).__name__} failed: {reason}")
+                _log.warning("%s of %s failed, retrying: %s", action, operation.topic, reason)
+                await asyncio.sleep(ACTION_RETRY_S)
+
     async def _run(self, operation: Operation, action: Action) -> Observation:
         match action:
             case CreatePartitions(topic, total_count):
                 try:
                     count = await self.kafka.create_partitions(topic, total_count)
-                except SidecarError as exc:
-                    return Failed(f"creating partitions failed: {exc.message}")
+                except (SidecarError, TimeoutError) as exc:
+                    reason = exc.message if isinstance(exc, SidecarError) else repr(exc)
+                    return Failed(f"creating partitions failed: {reason}")
                 return PartitionsCreated(count)
             case PublishBarrier(topic, generation, target_count):
                 await self.store.publish_barrier(topic, PendingBarrier(generation, target_count))
@@ -245,11 +277,21 @@ class ChangeRunner:
 
     async def _await_barrier(self, operation: Operation) -> Observation:
         while True:
-            progress = BarrierProgress(
-                live=await self.store.live_sidecars(),
-                acks=await self.store.barrier_acks(operation.topic, operation.pending_generation),
-                now=time.time(),
-            )
+            try:
+                progress = BarrierProgress(
+                    live=await self.store.live_sidecars(),
+                    acks=await self.store.barrier_acks(
+                        operation.topic, operation.pending_generation
+                    ),
+                    now=time.time(),
+                )
+            except SidecarError as exc:
+                # ZooKeeper away: nothing can be known about the acks; past the deadline
+                # the change is rolled back (which itself waits for ZooKeeper).
+                if time.time() >= operation.barrier_deadline:
+                    return Failed(f"barrier: {exc.message}")
+                await asyncio.sleep(ACTION_RETRY_S)
+                continue
             moved, _ = step(operation, progress)
             if moved.phase is not Phase.BARRIER:
                 return progress
