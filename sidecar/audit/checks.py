@@ -1,0 +1,560 @@
+"""The ordering checks: pure DataFrame transformations of audit events.
+
+Input: the flat event frame of ``sidecar.audit.sources`` (``EVENT_SCHEMA``). Output:
+anomaly rows with ``ANOMALY_SCHEMA``'s columns, and the per-operation facts the audit
+can tell without Prometheus. No IO, no actions (nothing here calls ``collect``), so a
+test builds a few events in memory and calls one check.
+
+The kinds (see docs/audit.md for the reasoning):
+
+``lost``                    a produce_acked record the group never got, although the
+                            group read past its offset in that partition
+``duplicate``               a record (topic, partition, offset) delivered to the group
+                            more than once; ``detail`` says whether the re-delivery came
+                            from the same consumer instance, after a restart, or after a
+                            rebalance to another instance
+``nonmonotonic``            within a group, a (producer, key)'s producer_seq went
+                            backwards in delivery order (re-deliveries of seqs already
+                            delivered are ignored)
+``written_across_barrier``  within a partition, a record of generation g at an offset
+                            above a record of a newer generation g' > g
+``gate_evidence``           a gate opened relying on a source partition that was not
+                            committed to its boundary, still held data below it, and was
+                            not removed
+``unaudited_delivery``      a delivered record without the sidecar's headers: written by
+                            a producer that bypassed the sidecars
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+LOST = "lost"
+DUPLICATE = "duplicate"
+NONMONOTONIC = "nonmonotonic"
+WRITTEN_ACROSS_BARRIER = "written_across_barrier"
+GATE_EVIDENCE = "gate_evidence"
+UNAUDITED_DELIVERY = "unaudited_delivery"
+KINDS = (LOST, DUPLICATE, NONMONOTONIC, WRITTEN_ACROSS_BARRIER, GATE_EVIDENCE, UNAUDITED_DELIVERY)
+
+# Duplicate details.
+SAME_INSTANCE = "same_instance"
+AFTER_RESTART = "after_restart"
+REBALANCE = "rebalance"
+
+ANOMALY_SCHEMA = StructType(
+    [
+        StructField("kind", StringType()),
+        StructField("detail", StringType()),
+        StructField("topic", StringType()),
+        StructField("group", StringType()),
+        StructField("producer", StringType()),
+        StructField("key", StringType()),
+        StructField("partition", LongType()),
+        StructField("offset", LongType()),
+        StructField("generation", LongType()),
+        StructField("producer_seq", LongType()),
+        StructField("time", DoubleType()),
+        StructField("sidecar", StringType()),
+        StructField("instance", StringType()),
+    ]
+)
+
+FINAL_PHASES = ("done", "rolled_back")
+COUNT_CHANGES = ("expand", "shrink")
+
+# The order in which one consumer group saw its records: the emitting sidecar's clock,
+# then its audit sequence (exact within one sidecar; across sidecars, the clocks).
+_DELIVERY_ORDER = ("time", "sidecar", "seq")
+
+
+def distinct_events(events: DataFrame) -> DataFrame:
+    """``events`` without repeats of one event (the same sidecar, seq, time and type),
+    as a file read twice or an audit topic copied into files would have."""
+    return events.dropDuplicates(["sidecar", "seq", "time", "type"])
+
+
+def _of_type(events: DataFrame, event_type: str) -> DataFrame:
+    return events.where(F.col("type") == F.lit(event_type))
+
+
+def _anomalies(frame: DataFrame, kind: str, detail: Column) -> DataFrame:
+    """``frame`` as anomaly rows: its columns that the schema has, null for the rest."""
+    present = set(frame.columns)
+    columns = [F.lit(kind).alias("kind"), detail.cast(StringType()).alias("detail")]
+    for field in ANOMALY_SCHEMA.fields[2:]:
+        value = F.col(field.name) if field.name in present else F.lit(None)
+        columns.append(value.cast(field.dataType).alias(field.name))
+    return frame.select(*columns)
+
+
+def with_incarnation(events: DataFrame) -> DataFrame:
+    """``events`` plus ``incarnation``: how many times its sidecar restarted before it.
+
+    A sidecar numbers its audit events from 0 (``seq``) each time it starts, so a seq
+    that is not above the previous one of the same sidecar id begins a new incarnation.
+    """
+    by_sidecar = Window.partitionBy("sidecar").orderBy("time", "seq")
+    restarted = F.lag("seq").over(by_sidecar) >= F.col("seq")
+    marked = events.withColumn("_restart", F.coalesce(restarted.cast("long"), F.lit(0)))
+    return marked.withColumn(
+        "incarnation",
+        F.sum("_restart").over(by_sidecar.rowsBetween(Window.unboundedPreceding, 0)),
+    ).drop("_restart")
+
+
+# lost -------------------------------------------------------------------------------
+
+
+def _acked(events: DataFrame) -> DataFrame:
+    return _of_type(events, "produce_acked").select(
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "generation",
+        "producer",
+        "producer_seq",
+        "sidecar",
+        F.col("time").alias("acked_at"),
+    )
+
+
+def _group_progress(events: DataFrame) -> DataFrame:
+    """Per (group, topic, partition): first delivered offset, and the offset the group
+    provably read up to (past its last delivery, or its highest commit)."""
+    delivered = (
+        _of_type(events, "delivered")
+        .groupBy("group", "topic", "partition")
+        .agg(
+            F.min("offset").alias("first_delivered"),
+            (F.max("offset") + 1).alias("delivered_end"),
+        )
+    )
+    committed = (
+        _of_type(events, "committed")
+        .groupBy("group", "topic", "partition")
+        .agg(F.max("offset").alias("committed_end"))
+    )
+    started = (
+        _of_type(events, "delivered")
+        .groupBy("group", "topic")
+        .agg(F.min("time").alias("group_started"))
+    )
+    progress = delivered.join(committed, ["group", "topic", "partition"], "full")
+    return progress.join(started, ["group", "topic"], "left").withColumn(
+        "read_to",
+        F.greatest(F.coalesce("delivered_end", F.lit(0)), F.coalesce("committed_end", F.lit(0))),
+    )
+
+
+def lost(events: DataFrame) -> DataFrame:
+    """Acknowledged records a group skipped.
+
+    A record counts as skipped by a group when the group read past its offset in its
+    partition (delivered a later offset there, or committed beyond it) and either the
+    group's deliveries there began at or below it, or the record was acknowledged after
+    the group began consuming the topic. Records the group has not reached yet are
+    ``unseen`` (see ``unseen``), not lost.
+    """
+    progress = _group_progress(events)
+    reached = (
+        _acked(events)
+        .join(F.broadcast(progress), ["topic", "partition"])
+        .where(F.col("offset") < F.col("read_to"))
+        .where(
+            (F.col("first_delivered").isNotNull() & (F.col("offset") >= F.col("first_delivered")))
+            | (F.col("group_started").isNotNull() & (F.col("acked_at") >= F.col("group_started")))
+        )
+    )
+    delivered = _of_type(events, "delivered").select("group", "topic", "partition", "offset")
+    missing = reached.join(delivered, ["group", "topic", "partition", "offset"], "left_anti")
+    detail = F.format_string(
+        "acknowledged at offset %d; the group read partition %d up to offset %d",
+        F.col("offset"),
+        F.col("partition"),
+        F.col("read_to"),
+    )
+    return _anomalies(missing.withColumn("time", F.col("acked_at")), LOST, detail)
+
+
+def unseen(events: DataFrame) -> DataFrame:
+    """Per (group, topic): acknowledged records the group has not reached (not anomalies:
+    the window ended before the group read that far)."""
+    groups = (
+        events.where(F.col("type").isin("delivered", "committed"))
+        .select("group", "topic")
+        .distinct()
+    )
+    progress = _group_progress(events).select("group", "topic", "partition", "read_to")
+    delivered = _of_type(events, "delivered").select("group", "topic", "partition", "offset")
+    candidates = _acked(events).join(F.broadcast(groups), ["topic"])
+    not_delivered = candidates.join(
+        delivered, ["group", "topic", "partition", "offset"], "left_anti"
+    )
+    ahead = not_delivered.join(
+        F.broadcast(progress), ["group", "topic", "partition"], "left"
+    ).where(F.col("read_to").isNull() | (F.col("offset") >= F.col("read_to")))
+    return ahead.groupBy("group", "topic").agg(F.count(F.lit(1)).alias("unseen"))
+
+
+# duplicate --------------------------------------------------------------------------
+
+
+def _deliveries_with_identity(events: DataFrame) -> DataFrame:
+    """Delivered events with the consumer instance that got them, and when that instance
+    (sidecar incarnation + instance name) first appears in the audit."""
+    # Only consumer-side events name an instance; their seq still restarts from 0.
+    incarnated = with_incarnation(events.where(F.col("instance").isNotNull()))
+    identity = ["sidecar", "incarnation", "group", "instance"]
+    first_seen = (
+        incarnated.where(F.col("instance").isNotNull())
+        .groupBy(*identity)
+        .agg(F.min("time").alias("instance_started"))
+    )
+    return _of_type(incarnated, "delivered").join(F.broadcast(first_seen), identity, "left")
+
+
+def duplicates(events: DataFrame) -> DataFrame:
+    """Every delivery of a record to a group after its first one."""
+    deliveries = _deliveries_with_identity(events)
+    same_record = Window.partitionBy("group", "topic", "partition", "offset").orderBy(
+        *_DELIVERY_ORDER
+    )
+    first = [
+        F.first(name).over(same_record).alias(f"first_{name}")
+        for name in ("time", "sidecar", "incarnation", "instance")
+    ]
+    ranked = deliveries.select("*", F.row_number().over(same_record).alias("nth"), *first)
+    again = ranked.where(F.col("nth") > 1)
+    same_instance = (
+        (F.col("sidecar") == F.col("first_sidecar"))
+        & (F.col("incarnation") == F.col("first_incarnation"))
+        & (F.col("instance") == F.col("first_instance"))
+    )
+    cause = (
+        F.when(same_instance, F.lit(SAME_INSTANCE))
+        .when(F.col("instance_started") > F.col("first_time"), F.lit(AFTER_RESTART))
+        .otherwise(F.lit(REBALANCE))
+    )
+    return _anomalies(again, DUPLICATE, cause)
+
+
+# nonmonotonic -----------------------------------------------------------------------
+
+
+def nonmonotonic(events: DataFrame) -> DataFrame:
+    """Deliveries whose producer_seq is below one delivered earlier to the same group for
+    the same (topic, producer, key); the first delivery of each seq only."""
+    keyed = _of_type(events, "delivered").where(
+        F.col("key").isNotNull() & F.col("producer").isNotNull() & F.col("producer_seq").isNotNull()
+    )
+    per_seq = Window.partitionBy("group", "topic", "producer", "key", "producer_seq").orderBy(
+        *_DELIVERY_ORDER
+    )
+    firsts = keyed.withColumn("_nth", F.row_number().over(per_seq)).where(F.col("_nth") == 1)
+    earlier = (
+        Window.partitionBy("group", "topic", "producer", "key")
+        .orderBy(*_DELIVERY_ORDER)
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    newest_before = F.max(F.struct("producer_seq", "partition", "offset")).over(earlier)
+    flagged = firsts.withColumn("_before", newest_before).where(
+        F.col("producer_seq") < F.col("_before.producer_seq")
+    )
+    detail = F.format_string(
+        "seq %d (partition %d offset %d) delivered after seq %d (partition %d offset %d)",
+        F.col("producer_seq"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("_before.producer_seq"),
+        F.col("_before.partition"),
+        F.col("_before.offset"),
+    )
+    return _anomalies(flagged, NONMONOTONIC, detail)
+
+
+# written_across_barrier -------------------------------------------------------------
+
+
+def _records(events: DataFrame) -> DataFrame:
+    """(topic, partition, offset, generation, key, producer, producer_seq, time) of every
+    produce_acked and delivered event with a generation (a delivery carries the record's
+    generation header): a record can appear several times, once per event."""
+    return events.where(
+        F.col("type").isin("produce_acked", "delivered") & F.col("generation").isNotNull()
+    ).select(
+        "topic", "partition", "offset", "generation", "key", "producer", "producer_seq", "time"
+    )
+
+
+def written_across_barrier(events: DataFrame) -> DataFrame:
+    """Records of a generation at an offset above a record of a newer generation in the
+    same partition: every record of g' > g must follow every record of g."""
+    lower = (
+        Window.partitionBy("topic", "partition")
+        .orderBy("offset")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    records = _records(events).withColumn(
+        "_newer", F.max(F.struct("generation", "offset")).over(lower)
+    )
+    # One row per record (its produce_acked and its deliveries are all flagged).
+    flagged = records.where(F.col("generation") < F.col("_newer.generation")).dropDuplicates(
+        ["topic", "partition", "offset", "generation"]
+    )
+    detail = F.format_string(
+        "generation %d at offset %d, above generation %d at offset %d",
+        F.col("generation"),
+        F.col("offset"),
+        F.col("_newer.generation"),
+        F.col("_newer.offset"),
+    )
+    return _anomalies(flagged, WRITTEN_ACROSS_BARRIER, detail)
+
+
+# gate_evidence ----------------------------------------------------------------------
+
+
+def gate_evidence(events: DataFrame) -> DataFrame:
+    """Gate openings whose evidence shows a source partition that still blocked it.
+
+    A source releases the gate when the group committed it to the boundary, or its data
+    below the boundary is gone (log start at or past it), or it is removed. An unknown
+    committed offset counts as nothing committed; an unknown log start as 0.
+    """
+    opened = _of_type(events, "gate_opened").select("*", F.explode("evidence").alias("_evidence"))
+    boundary = F.col("_evidence.boundary")
+    blocked = (
+        (F.coalesce(F.col("_evidence.committed"), F.lit(-1)) < boundary)
+        & (F.coalesce(F.col("_evidence.log_start"), F.lit(0)) < boundary)
+        & (F.coalesce(F.col("_evidence.mode"), F.lit("")) != F.lit("removed"))
+    )
+    detail = F.format_string(
+        "source partition %d: committed %s < boundary %d, log start %s, mode %s",
+        F.col("_evidence.source"),
+        F.coalesce(F.col("_evidence.committed").cast("string"), F.lit("none")),
+        boundary,
+        F.coalesce(F.col("_evidence.log_start").cast("string"), F.lit("unknown")),
+        F.coalesce(F.col("_evidence.mode"), F.lit("unknown")),
+    )
+    return _anomalies(opened.where(blocked), GATE_EVIDENCE, detail)
+
+
+# unaudited_delivery -----------------------------------------------------------------
+
+
+def unaudited_deliveries(events: DataFrame) -> DataFrame:
+    """Delivered records without the sidecar's headers (no producer): a bypassing writer."""
+    bare = _of_type(events, "delivered").where(F.col("producer").isNull())
+    detail = F.lit("no ordered.* headers: written by a producer that bypassed the sidecars")
+    return _anomalies(bare, UNAUDITED_DELIVERY, detail)
+
+
+def anomalies(events: DataFrame) -> DataFrame:
+    """Every anomaly of every kind, with ``ANOMALY_SCHEMA``'s columns."""
+    found = lost(events)
+    for check in (
+        duplicates,
+        nonmonotonic,
+        written_across_barrier,
+        gate_evidence,
+        unaudited_deliveries,
+    ):
+        found = found.unionByName(check(events))
+    return found
+
+
+# Operations -------------------------------------------------------------------------
+
+
+def operations(events: DataFrame) -> DataFrame:
+    """One row per partition-count change (expand/shrink) in the events.
+
+    A change is the run of a topic's barrier_phase events up to a final phase (done or
+    rolled back); it begins at its first phase event and ends at its admin event (the
+    coordinator's answer) or, when the admin event is missing (a successor finished a
+    change whose coordinator died), at its final phase. ``period_end`` is the start of
+    the topic's next change (null for the last one): stalls and violations that follow a
+    change are charged to it until the next one begins.
+    """
+    by_topic = Window.partitionBy("topic").orderBy(*_DELIVERY_ORDER)
+    phases = _of_type(events, "barrier_phase").withColumn(
+        "_final", F.col("phase").isin(*FINAL_PHASES).cast("long")
+    )
+    phases = phases.withColumn(
+        "op_index",
+        F.coalesce(
+            F.sum("_final").over(by_topic.rowsBetween(Window.unboundedPreceding, -1)), F.lit(0)
+        ),
+    )
+    changes = phases.groupBy("topic", "op_index").agg(
+        F.min("time").alias("start"),
+        F.min_by("kind", "time").alias("kind"),
+        F.min_by("from_generation", "time").alias("from_generation"),
+        F.min_by("from_count", "time").alias("from_count"),
+        F.min_by("target_count", "time").alias("target_count"),
+        F.min_by("coordinator", "time").alias("coordinator"),
+        F.max_by("phase", "time").alias("last_phase"),
+        F.min(F.when(F.col("phase") == "barrier", F.col("time"))).alias("barrier_at"),
+        F.max(F.when(F.col("_final") == 1, F.col("time"))).alias("finished_at"),
+        F.max("time").alias("last_phase_at"),
+        F.count(F.lit(1)).alias("phase_events"),
+    )
+    changes = changes.withColumn(
+        "period_end", F.lead("start").over(Window.partitionBy("topic").orderBy("start"))
+    )
+    admin = (
+        _of_type(events, "admin")
+        .where(F.col("kind").isin(*COUNT_CHANGES))
+        .select(
+            F.col("topic").alias("_topic"),
+            F.col("kind").alias("_kind"),
+            F.col("time").alias("admin_at"),
+            F.col("result").alias("admin_result"),
+        )
+    )
+    matched = changes.join(
+        admin,
+        (F.col("_topic") == F.col("topic"))
+        & (F.col("_kind") == F.col("kind"))
+        & (F.col("admin_at") >= F.col("start"))
+        & (F.col("period_end").isNull() | (F.col("admin_at") < F.col("period_end"))),
+        "left",
+    )
+    keys = list(changes.columns)
+    answered = matched.groupBy(*keys).agg(
+        F.min("admin_at").alias("admin_at"),
+        F.min_by("admin_result", "admin_at").alias("admin_result"),
+    )
+    result = F.coalesce(
+        F.col("admin_result"),
+        F.when(F.col("last_phase").isin(*FINAL_PHASES), F.col("last_phase")),
+        F.lit("unfinished"),
+    )
+    end = F.coalesce("admin_at", "finished_at", "last_phase_at")
+    moved = keys_moved(events)
+    gaps = _ack_gaps(events, answered.select("topic", "start", end.alias("end")))
+    return (
+        answered.select(
+            "topic",
+            "kind",
+            "from_generation",
+            "from_count",
+            "target_count",
+            result.alias("result"),
+            "coordinator",
+            "start",
+            end.alias("end"),
+            (end - F.col("start")).alias("duration_s"),
+            (F.coalesce("finished_at", "last_phase_at") - F.col("barrier_at")).alias("barrier_s"),
+            "period_end",
+            "phase_events",
+        )
+        .join(moved, ["topic", "from_generation"], "left")
+        .join(gaps, ["topic", "start"], "left")
+        .withColumn(
+            "keys_moved",
+            F.when(F.col("result") == "done", F.coalesce("keys_moved", F.lit(0))),
+        )
+        .withColumn(
+            "keys_seen_in_both",
+            F.when(F.col("result") == "done", F.coalesce("keys_seen_in_both", F.lit(0))),
+        )
+    )
+
+
+def _ack_gaps(events: DataFrame, changes: DataFrame) -> DataFrame:
+    """Per change (topic, start): ``ack_gap_s``, the longest time without any
+    produce_acked of the topic that overlaps the change (the produce pause producers
+    saw, whatever held them: the barrier, or a client waiting for new partitions'
+    metadata). Meaningful while producers write steadily.
+
+    The overlapping gaps are those between consecutive acks from the last one at or
+    before the change's start to the first one at or after its end: found per change
+    with joins against the (few, broadcast) changes, not by sorting a topic's acks.
+    """
+    acks = _of_type(events, "produce_acked").select("topic", "time")
+    change = F.broadcast(changes.withColumnRenamed("start", "c_start"))
+    joined = acks.join(change, "topic")
+    before = (
+        joined.where(F.col("time") <= F.col("c_start"))
+        .groupBy("topic", "c_start")
+        .agg(F.max("time").alias("time"))
+    )
+    after = (
+        joined.where(F.col("time") >= F.col("end"))
+        .groupBy("topic", "c_start")
+        .agg(F.min("time").alias("time"))
+    )
+    inside = joined.where(
+        (F.col("time") > F.col("c_start")) & (F.col("time") < F.col("end"))
+    ).select("topic", "c_start", "time")
+    points = before.unionByName(inside).unionByName(after)
+    per_change = Window.partitionBy("topic", "c_start").orderBy("time")
+    gaps = points.withColumn("_gap", F.col("time") - F.lag("time").over(per_change))
+    return gaps.groupBy("topic", F.col("c_start").alias("start")).agg(
+        F.max("_gap").alias("ack_gap_s")
+    )
+
+
+def keys_moved(events: DataFrame) -> DataFrame:
+    """Per (topic, from_generation g): keys whose partition in generation g+1 differs
+    from their partition in g, among the keys written in both (produce_acked and
+    delivered records; a key written in only one of them cannot be judged)."""
+    keyed = (
+        _records(events)
+        .where(F.col("key").isNotNull())
+        .groupBy("topic", "generation", "key")
+        .agg(F.min("partition").alias("partition"))
+    )
+    before = keyed.select(
+        "topic", "key", F.col("generation").alias("from_generation"), F.col("partition").alias("p0")
+    )
+    after = keyed.select(
+        "topic",
+        "key",
+        (F.col("generation") - 1).alias("from_generation"),
+        F.col("partition").alias("p1"),
+    )
+    both = before.join(after, ["topic", "key", "from_generation"])
+    return both.groupBy("topic", "from_generation").agg(
+        F.count_distinct(F.when(F.col("p0") != F.col("p1"), F.col("key"))).alias("keys_moved"),
+        F.count_distinct("key").alias("keys_seen_in_both"),
+    )
+
+
+def violations_per_operation(operations_frame: DataFrame, found: DataFrame) -> DataFrame:
+    """``operations_frame`` plus ``violations``: anomalies of its topic in its period
+    (from its start to the next change's start)."""
+    ops = operations_frame.alias("op")
+    hits = found.alias("a")
+    joined = ops.join(
+        hits,
+        (F.col("a.topic") == F.col("op.topic"))
+        & (F.col("a.time") >= F.col("op.start"))
+        & (F.col("op.period_end").isNull() | (F.col("a.time") < F.col("op.period_end"))),
+        "left",
+    )
+    counted = joined.groupBy("op.topic", "op.start").agg(
+        F.count(F.col("a.kind")).alias("violations")
+    )
+    return operations_frame.join(counted, ["topic", "start"], "left")
+
+
+def per_bucket(events: DataFrame, found: DataFrame, bucket_s: float) -> DataFrame:
+    """Per time bucket (``bucket`` = its start, epoch seconds): record events and
+    anomalies of each kind."""
+    bucket = (F.floor(F.col("time") / F.lit(bucket_s)) * F.lit(bucket_s)).cast(DoubleType())
+    counts = events.groupBy(bucket.alias("bucket")).agg(
+        F.count(F.when(F.col("type") == "produce_acked", 1)).alias("produce_acked"),
+        F.count(F.when(F.col("type") == "delivered", 1)).alias("delivered"),
+    )
+    by_kind = found.groupBy(bucket.alias("bucket")).agg(
+        F.count(F.lit(1)).alias("violations"),
+        *[F.count(F.when(F.col("kind") == kind, 1)).alias(kind) for kind in KINDS],
+    )
+    merged = counts.join(by_kind, ["bucket"], "full")
+    return merged.fillna(0, ["produce_acked", "delivered", "violations", *KINDS]).orderBy("bucket")

@@ -1,0 +1,218 @@
+"""Audit events as a Spark DataFrame: from the audit topic, from files, or from dicts.
+
+Every reader returns the same flat frame, one row per event, with the columns of
+``EVENT_SCHEMA`` (the union of the fields of every event type of schema 1, see
+``sidecar/audit/events.py``; a field an event type does not have is null). Events of
+another schema version are kept out and counted by ``split_schema_versions``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from sidecar.audit.events import SCHEMA_VERSION
+
+EVIDENCE_SCHEMA = StructType(
+    [
+        StructField("source", LongType()),
+        StructField("boundary", LongType()),
+        StructField("committed", LongType()),
+        StructField("log_start", LongType()),
+        StructField("mode", StringType()),
+    ]
+)
+
+EVENT_SCHEMA = StructType(
+    [
+        # Common to every event.
+        StructField("schema", LongType()),
+        StructField("type", StringType()),
+        StructField("sidecar", StringType()),
+        StructField("seq", LongType()),
+        StructField("time", DoubleType()),
+        # Record events and the consumer-side events.
+        StructField("topic", StringType()),
+        StructField("partition", LongType()),
+        StructField("offset", LongType()),
+        StructField("key", StringType()),
+        StructField("generation", LongType()),
+        StructField("count", LongType()),
+        StructField("producer", StringType()),
+        StructField("producer_seq", LongType()),
+        StructField("group", StringType()),
+        StructField("instance", StringType()),
+        StructField("evidence", ArrayType(EVIDENCE_SCHEMA)),
+        # barrier_phase and admin.
+        StructField("kind", StringType()),
+        StructField("from_generation", LongType()),
+        StructField("from_count", LongType()),
+        StructField("target_count", LongType()),
+        StructField("phase", StringType()),
+        StructField("coordinator", StringType()),
+        StructField("result", StringType()),
+    ]
+)
+EVENT_COLUMNS = tuple(field.name for field in EVENT_SCHEMA.fields)
+
+# Kafka stamps an audit record when the sidecar's emitter sends its batch, a little
+# after the event's own ``time``; the topic is read this much wider than the window,
+# and the window is then applied to ``time`` exactly.
+KAFKA_TIMESTAMP_MARGIN_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class TimeWindow:
+    """Event times ``start <= time < end`` in epoch seconds; None leaves that side open."""
+
+    start: float | None = None
+    end: float | None = None
+
+    def apply(self, events: DataFrame) -> DataFrame:
+        if self.start is not None:
+            events = events.where(F.col("time") >= F.lit(self.start))
+        if self.end is not None:
+            events = events.where(F.col("time") < F.lit(self.end))
+        return events
+
+
+def events_from_dicts(spark: SparkSession, events: Iterable[dict[str, Any]]) -> DataFrame:
+    """A frame of in-memory events (as ``sidecar.audit.events`` builds them): for tests."""
+    rows = [tuple(_value(event, field.name) for field in EVENT_SCHEMA.fields) for event in events]
+    return spark.createDataFrame(rows, EVENT_SCHEMA)
+
+
+def _value(event: dict[str, Any], name: str) -> Any:
+    value = event.get(name)
+    if name == "evidence" and value is not None:
+        return [tuple(item.get(f.name) for f in EVIDENCE_SCHEMA.fields) for item in value]
+    if name == "time" and value is not None:
+        return float(value)
+    return value
+
+
+def read_kafka(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    window: TimeWindow,
+    options: dict[str, str] | None = None,
+) -> DataFrame:
+    """The events of the audit topic within ``window``, with Spark's Kafka source.
+
+    ``options`` are passed to the source as they are (e.g. ``kafka.security.protocol``).
+    Needs the spark-sql-kafka package on the session (``job.build_session``).
+    """
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("failOnDataLoss", "false")
+        # A partition without a record after the start timestamp reads nothing, rather
+        # than failing the query (the default strategy, "error").
+        .option("startingOffsetsByTimestampStrategy", "latest")
+    )
+    if window.start is not None:
+        start_ms = int((window.start - KAFKA_TIMESTAMP_MARGIN_S) * 1000)
+        reader = reader.option("startingTimestamp", str(max(start_ms, 0)))
+    if window.end is not None:
+        reader = reader.option(
+            "endingTimestamp", str(int((window.end + KAFKA_TIMESTAMP_MARGIN_S) * 1000))
+        )
+    for name, value in (options or {}).items():
+        reader = reader.option(name, value)
+    raw = reader.load()
+    parsed = raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
+    return window.apply(parsed.select("e.*").where(F.col("type").isNotNull()))
+
+
+def read_files(
+    spark: SparkSession, paths: Sequence[str], window: TimeWindow, file_format: str = "auto"
+) -> DataFrame:
+    """Events from JSON-lines files (one event per line) or Parquet files of events.
+
+    ``file_format`` "auto" takes Parquet for paths ending in ``.parquet`` or directories
+    holding ``*.parquet`` files, JSON lines otherwise. Raises ValueError for an unknown
+    format.
+    """
+    parquet = [p for p in paths if _is_parquet(p, file_format)]
+    json_lines = [p for p in paths if p not in parquet]
+    frames: list[DataFrame] = []
+    if json_lines:
+        frames.append(spark.read.schema(EVENT_SCHEMA).json(list(json_lines)))
+    if parquet:
+        frames.append(conform(spark.read.parquet(*parquet)))
+    if not frames:
+        raise ValueError("no input files")
+    events = frames[0]
+    for frame in frames[1:]:
+        events = events.unionByName(frame)
+    return window.apply(events.where(F.col("type").isNotNull()))
+
+
+def _is_parquet(path: str, file_format: str) -> bool:
+    if file_format not in {"auto", "json", "parquet"}:
+        raise ValueError(f"unknown input format {file_format!r} (auto, json, parquet)")
+    if file_format != "auto":
+        return file_format == "parquet"
+    candidate = Path(path)
+    if candidate.suffix == ".parquet":
+        return True
+    return candidate.is_dir() and any(candidate.glob("*.parquet"))
+
+
+def conform(frame: DataFrame) -> DataFrame:
+    """``frame`` with exactly the columns and types of ``EVENT_SCHEMA`` (missing: null).
+
+    Struct fields are matched by name (a Parquet file written from inferred JSON has
+    the evidence fields in alphabetical order).
+    """
+    present = {field.name: field.dataType for field in frame.schema.fields}
+    columns = []
+    for field in EVENT_SCHEMA.fields:
+        if field.name not in present:
+            value = F.lit(None).cast(field.dataType)
+        elif field.name == "evidence":
+            value = _conform_evidence(F.col("evidence"), present["evidence"])
+        else:
+            value = F.col(field.name).cast(field.dataType)
+        columns.append(value.alias(field.name))
+    return frame.select(*columns)
+
+
+def _conform_evidence(evidence: Column, found: DataType) -> Column:
+    names = set()
+    if isinstance(found, ArrayType) and isinstance(found.elementType, StructType):
+        names = {field.name for field in found.elementType.fields}
+
+    def item(entry: Column) -> Column:
+        return F.struct(
+            *[
+                (entry[field.name] if field.name in names else F.lit(None))
+                .cast(field.dataType)
+                .alias(field.name)
+                for field in EVIDENCE_SCHEMA.fields
+            ]
+        )
+
+    return F.transform(evidence, item)
+
+
+def split_schema_versions(events: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """(events of the schema this job reads, every other event)."""
+    known = F.col("schema") == F.lit(SCHEMA_VERSION)
+    return events.where(known), events.where(~known | F.col("schema").isNull())
