@@ -132,7 +132,7 @@ class SidecarMetrics:
         )
         self.callback_seconds = Histogram(
             "sidecar_handoff_callback_seconds",
-            "Latency of the app's key hand-off callback, by kind.",
+            "Latency of the app's callbacks (key hand-off; rebalances when asked for), by kind.",
             ["kind"],
             buckets=_LATENCY_BUCKETS,
             registry=r,

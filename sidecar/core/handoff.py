@@ -30,6 +30,15 @@ class HandoffKind(StrEnum):
     """Load state for the partition's keys: they have moved in."""
 
 
+class AssignmentChange(StrEnum):
+    """A rebalance gave partitions to an instance or took them away (Java's
+    ``ConsumerRebalanceListener``). Told only to instances that ask for it: unlike key
+    hand-off, nothing waits for the app to act on it."""
+
+    PARTITIONS_REVOKED = "partitions_revoked"
+    PARTITIONS_ASSIGNED = "partitions_assigned"
+
+
 @dataclass(frozen=True, slots=True)
 class Revocation:
     """Keys of ``partition`` move away at ``boundary`` (generation change ``generation``)."""

@@ -85,12 +85,17 @@ Extensions of this project:
   ``type``, which records never have; ``encode_key_events`` writes a list of them alone
   (e.g. a callback body). Event ids are integers; the app acknowledges with
   ``{"event_ids": [...]}``.
+* ``assignment_events: true`` on create (JSON boolean): rebalances are told too, as
+  ``{"type": "partitions_revoked" | "partitions_assigned", "partitions": [{"topic",
+  "partition"}, ...]}``, first in the next records response (or POSTed to the callback
+  URL). They have no ``event_id``: nothing waits for them to be acknowledged.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import ipaddress
 import json
 import re
@@ -107,7 +112,7 @@ from sidecar.core.errors import (
     NotAcceptable,
     UnsupportedMediaType,
 )
-from sidecar.core.handoff import HandoffKind
+from sidecar.core.handoff import AssignmentChange, HandoffKind
 
 # Shared with the produce codec, so that both answer a malformed body in the same words.
 from sidecar.http.produce_codec import (
@@ -140,6 +145,7 @@ _CREATE_FIELDS: Final = frozenset(
         "consumer.request.timeout.ms",
         "callback_url",
         "callback_timeout_ms",
+        "assignment_events",
     }
 )
 # Deprecated spellings REST Proxy v2 still reads (JsonAlias / the v1 "id").
@@ -201,6 +207,7 @@ class AutoOffsetReset(StrEnum):
 
 # The hand-off kinds are the core's; the wire names are their values.
 KeyEventType = HandoffKind
+AssignmentNoticeType = AssignmentChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +223,7 @@ class CreateConsumerRequest:
     request_timeout_ms: int | None
     callback_url: str | None
     callback_timeout_ms: int | None
+    assignment_events: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +300,24 @@ class RecordsQuery:
     max_bytes: int
 
 
+class RecordToDeliver(Protocol):
+    """What the records response needs of a record (the service's own record type has
+    it, so a response is encoded without a copy of every record)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumedRecord:
     """One record to deliver. ``value`` None is a tombstone; ``key`` None is no key."""
@@ -313,6 +339,14 @@ class KeyEvent:
     partition: int
     generation: int
     event_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentNotice:
+    """A rebalance told to the app; nothing to acknowledge."""
+
+    type: AssignmentNoticeType
+    partitions: tuple[PartitionRef, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +434,17 @@ def decode_create_consumer(
         ),
         callback_url=callback_url,
         callback_timeout_ms=callback_timeout_ms,
+        assignment_events=_strict_bool(fields.get("assignment_events"), "assignment_events"),
     )
+
+
+def _strict_bool(raw: object, field: str) -> bool:
+    """An extension's boolean: JSON true or false only (None: absent, false)."""
+    if raw is None:
+        return False
+    if not isinstance(raw, bool):
+        raise BadRequest(f"{field} must be true or false, got {raw!r}")
+    return raw
 
 
 def _resolve_aliases(document: Mapping[str, object]) -> dict[str, object]:
@@ -691,38 +735,48 @@ def _acceptable(parameters: Sequence[str]) -> bool:
 
 
 def encode_records_response(
-    items: Sequence[ConsumedRecord | KeyEvent], fmt: EmbeddedFormat
+    items: Sequence[RecordToDeliver | KeyEvent | AssignmentNotice], fmt: EmbeddedFormat
 ) -> bytes:
-    """The ``GET records`` body: a JSON array of records (and key events) in order.
+    """The ``GET records`` body: a JSON array of records (and events) in order.
 
     Records are ``{"topic", "key", "value", "partition", "offset", "headers"?}``, keys
     and values base64 (binary) or embedded JSON (json). Raises InvalidRecord when ``fmt``
     is json and a key or value is not JSON; the message names the record.
     """
     entries = (
-        _record_entry(item, fmt) if isinstance(item, ConsumedRecord) else _event_json(item)
+        _event_json(item)
+        if isinstance(item, KeyEvent)
+        else _notice_json(item)
+        if isinstance(item, AssignmentNotice)
+        else _record_entry(item, fmt)
         for item in items
     )
     return f"[{','.join(entries)}]".encode()
 
 
-def _record_entry(record: ConsumedRecord, fmt: EmbeddedFormat) -> str:
+def _record_entry(record: RecordToDeliver, fmt: EmbeddedFormat) -> str:
     key = _embed(record.key, fmt, record, "key")
     value = _embed(record.value, fmt, record, "value")
     headers = ""
     if record.headers:
         entries = ",".join(
-            f'{{"name":{json.dumps(name)},"value":{_base64_or_null(data)}}}'
+            f'{{"name":{_json_string(name)},"value":{_base64_or_null(data)}}}'
             for name, data in record.headers
         )
         headers = f',"headers":[{entries}]'
     return (
-        f'{{"topic":{json.dumps(record.topic)},"key":{key},"value":{value},'
+        f'{{"topic":{_json_string(record.topic)},"key":{key},"value":{value},'
         f'"partition":{record.partition},"offset":{record.offset}{headers}}}'
     )
 
 
-def _embed(data: bytes | None, fmt: EmbeddedFormat, record: ConsumedRecord, field: str) -> str:
+@functools.lru_cache(maxsize=4096)
+def _json_string(text: str) -> str:
+    # Topic and header names repeat on every record of a response.
+    return json.dumps(text)
+
+
+def _embed(data: bytes | None, fmt: EmbeddedFormat, record: RecordToDeliver, field: str) -> str:
     if fmt is EmbeddedFormat.BINARY:
         return _base64_or_null(data)
     # KafkaJsonDeserializer reads no bytes and empty bytes alike as null.
@@ -909,6 +963,14 @@ def _event_entry(event: KeyEvent) -> KeyEventEntry:
 
 def _event_json(event: KeyEvent) -> str:
     return json.dumps(_event_entry(event), separators=(",", ":"))
+
+
+def _notice_json(notice: AssignmentNotice) -> str:
+    entry = {
+        "type": notice.type.value,
+        "partitions": [{"topic": p.topic, "partition": p.partition} for p in notice.partitions],
+    }
+    return json.dumps(entry, separators=(",", ":"))
 
 
 def decode_event_ack(body: bytes, *, content_type: str | None) -> tuple[int, ...]:

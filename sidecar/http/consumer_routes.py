@@ -15,10 +15,11 @@ from aiokafka import TopicPartition
 
 from sidecar.core.errors import BadRequest, SidecarError
 from sidecar.http.consumer_codec import (
+    AssignmentNotice,
     CommittedOffset,
-    ConsumedRecord,
     KeyEvent,
     PartitionRef,
+    RecordToDeliver,
     SeekOffset,
     SubscribeTopics,
     assignments_body,
@@ -100,6 +101,8 @@ async def create(request: web.Request) -> web.Response:
         callback_url=decoded.callback_url,
         callback_timeout_s=(decoded.callback_timeout_ms or 5000) / 1000,
         poll_timeout_ms=decoded.request_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
+        fetch_min_bytes=1 if decoded.fetch_min_bytes is None else decoded.fetch_min_bytes,
+        assignment_events=decoded.assignment_events,
     )
     await request.app[CONSUMERS_KEY].create(config)
     base_url = f"{request.scheme}://{request.host}"
@@ -125,7 +128,7 @@ async def subscribe(request: web.Request) -> web.Response:
 
 
 async def get_subscription(request: web.Request) -> web.Response:
-    return _json(subscription_body(_instance(request).subscription))
+    return _json(subscription_body(_instance(request).subscribed_topics()))
 
 
 async def unsubscribe(request: web.Request) -> web.Response:
@@ -161,13 +164,16 @@ async def records(request: web.Request) -> web.Response:
     )
     async with instance.lock:
         result = await instance.poll(query.timeout_ms / 1000, query.max_bytes)
-        items: list[ConsumedRecord | KeyEvent] = [
-            KeyEvent(e.kind, e.topic, e.partition, e.generation, e.event_id) for e in result.events
+        items: list[RecordToDeliver | KeyEvent | AssignmentNotice] = [
+            AssignmentNotice(
+                n.kind, tuple(PartitionRef(tp.topic, tp.partition) for tp in n.partitions)
+            )
+            for n in result.notices
         ]
         items += [
-            ConsumedRecord(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers))
-            for r in result.records
+            KeyEvent(e.kind, e.topic, e.partition, e.generation, e.event_id) for e in result.events
         ]
+        items += result.records
         try:
             body = encode_records_response(items, fmt)
         except SidecarError:

@@ -54,6 +54,7 @@ from sidecar.core.errors import (
 from sidecar.core.gate import GroupProgress, Wait, unmet, waits_into
 from sidecar.core.generations import ChangeKind, GenerationLog, PartitionMode
 from sidecar.core.handoff import (
+    AssignmentChange,
     HandoffKind,
     Revocation,
     revocation_points,
@@ -96,9 +97,22 @@ class InstanceConfig:
     poll_timeout_ms: int = 1000
     """Default (and longest) wait of a records request, as REST Proxy's
     ``consumer.request.timeout.ms``."""
+    fetch_min_bytes: int = 1
+    """REST Proxy's ``fetch.min.bytes``: the fetch waits for this much (up to its wait)."""
+    assignment_events: bool = False
+    """Tell the app of rebalances (AssignmentNotice), by callback or in records
+    responses. Off by default: a REST Proxy client expects only records there."""
 
 
-@dataclass
+@dataclass(frozen=True)
+class AssignmentNotice:
+    """Partitions a rebalance gave to the instance or took from it."""
+
+    kind: AssignmentChange
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass(slots=True)
 class Delivered:
     """A record released to the app."""
 
@@ -107,7 +121,8 @@ class Delivered:
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes]]
+    headers: Sequence[tuple[str, bytes | None]]
+    """The consumed record's own list, shared, not copied."""
     source: ConsumerRecord[bytes, bytes]
 
 
@@ -115,6 +130,9 @@ class Delivered:
 class PollResult:
     records: list[Delivered]
     events: list[HandoffEvent]
+    notices: list[AssignmentNotice] = field(default_factory=list)
+    """Rebalances since the last response, in order; they precede ``events`` and
+    ``records`` (only with ``InstanceConfig.assignment_events`` in events mode)."""
 
 
 @dataclass
@@ -141,6 +159,11 @@ class _PartitionCheck:
         self.runtime = runtime
         self.tp = tp
         self.revocations = revocation_points(runtime.state.log, tp.partition)
+        self.first_revocation = min((r.boundary for r in self.revocations), default=None)
+        """Below this offset no record needs a keys-revoked check (None: none ever)."""
+        self.open_generations: set[int] = set()
+        """Generations whose gate this release found open (and announced): the offsets it
+        judged by are read once per release, so later records of them pass alike."""
         self._waits: dict[int, tuple[Wait, ...]] = {}
         self._progress_by_topic = progress_by_topic
 
@@ -181,6 +204,12 @@ class ConsumerInstance:
         self._revoking: set[TopicPartition] = set()
         self._last_auto_commit = time.monotonic()
         self._http: aiohttp.ClientSession | None = None
+        self._notices: list[AssignmentNotice] = []
+        self._told_assigned: set[TopicPartition] = set()
+        """With ``assignment_events``: subscribed partitions whose partitions_assigned
+        notice the app has been given (queued or called back). Only these release
+        records, so the notice always comes first, even when aiokafka fetches before
+        its rebalance listener runs."""
 
     @property
     def instance_id(self) -> str:
@@ -206,6 +235,7 @@ class ConsumerInstance:
             self._consumer.unsubscribe()
         self.subscription, self.pattern = [], None
         self._partitions.clear()
+        self._told_assigned.clear()
 
     async def assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
         consumer = await self._ensure_consumer()
@@ -214,6 +244,12 @@ class ConsumerInstance:
         consumer.assign(list(partitions))
         self.manual = list(partitions)
         self._partitions = {tp: _PartitionState() for tp in partitions}
+
+    def subscribed_topics(self) -> list[str]:
+        """The topics named, or those a pattern matches now (as Kafka's consumer says)."""
+        if self.pattern is None or self._consumer is None:
+            return list(self.subscription)
+        return sorted(self._consumer.subscription())
 
     def assignment(self) -> list[TopicPartition]:
         if self._consumer is None:
@@ -233,13 +269,16 @@ class ConsumerInstance:
         while True:
             await self._fetch(consumer, max(0.0, min(GATE_RECHECK_S, deadline - time.monotonic())))
             result = await self._release(max_bytes)
-            if result.records or result.events or time.monotonic() >= deadline:
+            if result.records or result.events or result.notices:
+                return result
+            if time.monotonic() >= deadline:
                 return result
             await self._help_waiters()
             await asyncio.sleep(GATE_RECHECK_S)
 
     def undeliver(self, result: PollResult) -> None:
-        """Put back records that were released but could not be sent to the app."""
+        """Put back what was released but could not be sent to the app."""
+        self._notices[:0] = result.notices
         for record in reversed(result.records):
             tp = TopicPartition(record.topic, record.partition)
             state = self._partitions.get(tp)
@@ -253,6 +292,7 @@ class ConsumerInstance:
         for tp in list(self._partitions):
             if tp not in assigned:
                 self._partitions.pop(tp)
+                self._told_assigned.discard(tp)
         paused = []
         for tp in assigned:
             state = self._partitions.setdefault(tp, _PartitionState())
@@ -270,12 +310,16 @@ class ConsumerInstance:
             raise KafkaUnavailable(f"fetching failed: {exc}") from exc
         for tp, records in batches.items():
             state = self._partitions.setdefault(tp, _PartitionState())
-            for record in records:
-                if state.buffer and record.offset <= state.buffer[-1].offset:
-                    continue  # refetched after a seek or rebalance
-                if state.delivered is not None and record.offset < state.delivered:
-                    continue
-                state.buffer.append(record)
+            # Anything at or below this was buffered or delivered already (a refetch
+            # after a seek or a rebalance); batches come in offset order.
+            seen = max(
+                state.buffer[-1].offset if state.buffer else -1,
+                -1 if state.delivered is None else state.delivered - 1,
+            )
+            if records and records[0].offset > seen:
+                state.buffer.extend(records)
+                continue
+            state.buffer.extend(record for record in records if record.offset > seen)
 
     async def _release(self, max_bytes: int | None) -> PollResult:
         # A rebalance listener commits what was delivered only once no release runs, so
@@ -287,19 +331,30 @@ class ConsumerInstance:
         released: list[Delivered] = []
         size = 0
         events = list(self._events.values())
+        # Under the delivery lock, which the rebalance listener takes to queue them.
+        notices, self._notices = self._notices, []
         progress_by_topic: dict[str, GroupProgress] = {}
         for tp in sorted(self._partitions):
             state = self._partitions.get(tp)
             if state is None:
                 continue  # revoked by a rebalance while this loop awaited
+            if self._must_tell_assigned(tp):
+                continue
             runtime = await self.sidecar.runtime(tp.topic)
             gated = runtime is not None and runtime.state.config.ordered_delivery
             # Per partition and release, computed once: the waits of each generation and
             # the boundaries where keys moved away; the group's offsets only if needed.
             check = _PartitionCheck(self, runtime, tp, progress_by_topic) if gated else None
+            released_before = len(released)
+            full = False
             while state.buffer and tp not in self._revoking:
                 record = state.buffer[0]
-                if runtime is not None and _header(record, RELOCATION_HEADER) == b"1":
+                # Relocation tombstones are tombstones: only null values are looked at.
+                if (
+                    record.value is None
+                    and runtime is not None
+                    and _header(record, RELOCATION_HEADER) == b"1"
+                ):
                     state.buffer.popleft()
                     state.delivered = record.offset + 1
                     continue
@@ -312,14 +367,19 @@ class ConsumerInstance:
                         break  # a rebalance started while the gate was consulted
                 record_size = len(record.key or b"") + len(record.value or b"")
                 if max_bytes is not None and released and size + record_size > max_bytes:
-                    return self._still_assigned(PollResult(released, events))
+                    full = True
+                    break
                 state.buffer.popleft()
                 state.delivered = record.offset + 1
                 size += record_size
                 released.append(_delivered(record))
-                self.consumers.metrics_delivered(tp.topic, tp.partition, record, runtime)
+            # Counted once per partition and release: per record, the labelled metric
+            # lookups cost as much as the rest of the release.
+            self.consumers.metrics_delivered(tp, released[released_before:], runtime)
+            if full:
+                break
             self._record_lag(tp, state)
-        return self._still_assigned(PollResult(released, events))
+        return self._still_assigned(PollResult(released, events, notices))
 
     def _still_assigned(self, result: PollResult) -> PollResult:
         """Drop what was released from partitions that are no longer assigned (lost in a
@@ -338,7 +398,7 @@ class ConsumerInstance:
             if state is not None:
                 state.buffer.clear()
                 state.delivered = min(state.delivered or record.offset, record.offset)
-        return PollResult(kept, result.events)
+        return PollResult(kept, result.events, result.notices)
 
     async def _revoked_before(
         self, check: _PartitionCheck, offset: int, events: list[HandoffEvent]
@@ -349,7 +409,7 @@ class ConsumerInstance:
         Asked before delivering a post-boundary record, not only before committing: a
         rebalance between delivering it and committing it would deliver it again.
         """
-        if all(revocation.boundary > offset for revocation in check.revocations):
+        if check.first_revocation is None or offset < check.first_revocation:
             return True
         committed = (await check.progress()).committed.get(check.tp.partition, 0)
         for revocation in check.revocations:
@@ -386,6 +446,8 @@ class ConsumerInstance:
             generation = log.generation_of(tp.partition, record.offset)
         except ValueError:
             return False  # a partition the log does not know yet
+        if generation in check.open_generations:
+            return True
         waits = check.waits(generation)
         if not waits:
             return True
@@ -407,6 +469,7 @@ class ConsumerInstance:
             if not announced:
                 return False
             self._announced.add(key)
+        check.open_generations.add(generation)
         return True
 
     def _audit_gate_opened(
@@ -457,7 +520,7 @@ class ConsumerInstance:
                     partition=record.partition,
                     offset=record.offset,
                     key=record.key,
-                    headers=dict(record.headers),
+                    headers={k: v for k, v in record.headers if v is not None},
                 )
             )
 
@@ -547,9 +610,6 @@ class ConsumerInstance:
     async def _call_back(
         self, kind: HandoffKind, topic: str, partition: int, generation: int
     ) -> None:
-        assert self.config.callback_url is not None
-        if self._http is None:
-            self._http = aiohttp.ClientSession()
         body = {
             "type": kind.value,
             "group": self.config.group,
@@ -558,7 +618,23 @@ class ConsumerInstance:
             "partition": partition,
             "generation": generation,
         }
-        deadline = time.monotonic() + max(30.0, self.config.callback_timeout_s)
+        failure = await self._post_callback(
+            kind, body, within_s=max(30.0, self.config.callback_timeout_s)
+        )
+        if failure is not None:
+            raise CallbackFailed(
+                f"{kind.value} callback for {topic}[{partition}] failed: {failure}; "
+                "nothing was delivered or committed past it, retry the request"
+            )
+
+    async def _post_callback(
+        self, kind: HandoffKind | AssignmentChange, body: dict[str, Any], *, within_s: float
+    ) -> str | None:
+        """POST ``body`` until a 2xx, retrying for ``within_s``; None, or the last failure."""
+        assert self.config.callback_url is not None
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        deadline = time.monotonic() + within_s
         while True:
             began = time.monotonic()
             try:
@@ -573,13 +649,58 @@ class ConsumerInstance:
                 ok, reason = False, repr(exc)
             self.consumers.callback_done(kind, time.monotonic() - began, ok)
             if ok:
-                return
+                return None
             if time.monotonic() >= deadline:
-                raise CallbackFailed(
-                    f"{kind.value} callback for {topic}[{partition}] failed: {reason}; "
-                    "nothing was delivered or committed past it, retry the request"
-                )
+                return reason
             await asyncio.sleep(CALLBACK_RETRY_S)
+
+    # Assignment notices -------------------------------------------------------------------
+
+    def _must_tell_assigned(self, tp: TopicPartition) -> bool:
+        """True while ``tp``'s records must wait for its partitions_assigned notice."""
+        return self.config.assignment_events and not self.manual and tp not in self._told_assigned
+
+    async def tell_revoked(self, partitions: Sequence[TopicPartition]) -> None:
+        """Before the revocation's final commit (as Java's ``onPartitionsRevoked``): a
+        callback the app can commit from, or a notice queued for the next response."""
+        self._told_assigned -= set(partitions)
+        if not self.config.assignment_events or not partitions:
+            return
+        notice = AssignmentNotice(AssignmentChange.PARTITIONS_REVOKED, tuple(partitions))
+        if self.config.callback_url is not None:
+            await self._call_back_notice(notice)
+        else:
+            async with self._delivery_lock:
+                self._notices.append(notice)
+
+    async def tell_assigned(self, partitions: Sequence[TopicPartition]) -> None:
+        """Before the first record of ``partitions`` is released."""
+        if not self.config.assignment_events:
+            return
+        notice = AssignmentNotice(AssignmentChange.PARTITIONS_ASSIGNED, tuple(partitions))
+        if self.config.callback_url is not None:
+            await self._call_back_notice(notice)
+        async with self._delivery_lock:
+            if self.config.callback_url is None:
+                self._notices.append(notice)
+            self._told_assigned |= set(partitions)
+
+    async def _call_back_notice(self, notice: AssignmentNotice) -> None:
+        # Bounded by the callback timeout and then given up (counted, logged): a
+        # rebalance listener that never returns would get the member evicted.
+        body = {
+            "type": notice.kind.value,
+            "group": self.config.group,
+            "instance_id": self.instance_id,
+            "partitions": [
+                {"topic": tp.topic, "partition": tp.partition} for tp in notice.partitions
+            ],
+        }
+        failure = await self._post_callback(
+            notice.kind, body, within_s=self.config.callback_timeout_s
+        )
+        if failure is not None:
+            _log.warning("%s callback gave up: %s", notice.kind.value, failure)
 
     # Offsets ------------------------------------------------------------------------------
 
@@ -815,6 +936,7 @@ class ConsumerInstance:
                 # Added partitions are noticed (and the group rebalanced) within seconds.
                 metadata_max_age_ms=METADATA_MAX_AGE_MS,
                 request_timeout_ms=settings.request_timeout_ms,
+                fetch_min_bytes=self.config.fetch_min_bytes,
                 **dict(settings.client),
             )
             try:
@@ -846,6 +968,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         # From here on nothing more is released from these partitions.
         instance._revoking |= partitions
         try:
+            await instance.tell_revoked(sorted(partitions))
             if instance.config.auto_commit:
                 with contextlib.suppress(SidecarError, KafkaError):
                     # Outside the delivery lock: the app keeps polling, and finds and
@@ -861,8 +984,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         # Buffers start empty; positions come from the group's committed offsets.
-        for tp in assigned:
+        partitions = sorted(assigned)
+        for tp in partitions:
             self.instance._partitions.setdefault(tp, _PartitionState())
+        await self.instance.tell_assigned(partitions)
 
 
 class Consumers:
@@ -928,16 +1053,16 @@ class Consumers:
     # Metrics hooks ------------------------------------------------------------------------
 
     def metrics_delivered(
-        self,
-        topic: str,
-        partition: int,
-        record: ConsumerRecord[bytes, bytes],
-        runtime: TopicRuntime | None,
+        self, tp: TopicPartition, records: Sequence[Delivered], runtime: TopicRuntime | None
     ) -> None:
+        if not records:
+            return
         metrics = self.sidecar.metrics
-        metrics.delivered_records.labels(topic, str(partition)).inc()
-        if runtime is not None and _header(record, SIDECAR_HEADER) is None:
-            metrics.records_without_headers.labels(topic).inc()
+        metrics.delivered_records.labels(tp.topic, str(tp.partition)).inc(len(records))
+        if runtime is not None:
+            without = sum(_header(r.source, SIDECAR_HEADER) is None for r in records)
+            if without:
+                metrics.records_without_headers.labels(tp.topic).inc(without)
 
     def gate_waiting(self, topic: str, group: str, delta: int) -> None:
         self.sidecar.metrics.gated_partitions.labels(topic, group).inc(delta)
@@ -945,7 +1070,7 @@ class Consumers:
     def gate_waited(self, topic: str, group: str, kind: ChangeKind, seconds: float) -> None:
         self.sidecar.metrics.gate_wait_seconds.labels(topic, group, kind.value).observe(seconds)
 
-    def callback_done(self, kind: HandoffKind, seconds: float, ok: bool) -> None:
+    def callback_done(self, kind: HandoffKind | AssignmentChange, seconds: float, ok: bool) -> None:
         metrics = self.sidecar.metrics
         metrics.callback_seconds.labels(kind.value).observe(seconds)
         if not ok:
@@ -1017,7 +1142,7 @@ def _delivered(record: ConsumerRecord[bytes, bytes]) -> Delivered:
         record.offset,
         record.key,
         record.value,
-        [(k, bytes(v)) for k, v in record.headers],
+        record.headers,
         record,
     )
 

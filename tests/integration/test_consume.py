@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 from sidecar.core.routing import partition_for_key
 from sidecar.devcluster.provider import ClusterEndpoints
@@ -152,6 +155,97 @@ async def test_hand_off_events_in_the_records_response(cluster: ClusterEndpoints
         await new.ack(events[0]["event_id"])
         got = await _drain(new, 3)
         assert [json.loads(decoded(r)[1] or b"") for r in got] == [3, 4, 5]
+
+
+async def _read_stream(
+    consumer: RestConsumer, done: Callable[[list[dict[str, Any]]], bool], within_s: float = 30
+) -> list[dict[str, Any]]:
+    """Every item of successive records responses, in order, until ``done`` says so."""
+    stream: list[dict[str, Any]] = []
+    deadline = time.monotonic() + within_s
+    while not done(stream):
+        assert time.monotonic() < deadline, stream
+        status, body = await consumer.call("GET", "/records", timeout="300")
+        assert status == 200, body
+        stream += body
+    return stream
+
+
+def _assigned_before_records(stream: list[dict[str, Any]], topic: str) -> set[int]:
+    """Check that every record comes from a partition a notice said is assigned; the
+    partitions assigned at the end."""
+    assigned: set[int] = set()
+    for item in stream:
+        if item.get("type") == "partitions_assigned":
+            assigned = {p["partition"] for p in item["partitions"]}
+        elif item.get("type") == "partitions_revoked":
+            assigned -= {p["partition"] for p in item["partitions"]}
+        elif "type" not in item:
+            assert item["partition"] in assigned, (item, stream)
+    assert all(p["topic"] == topic for i in stream for p in i.get("partitions", []))
+    return assigned
+
+
+async def test_rebalances_are_told_when_asked_for(cluster: ClusterEndpoints) -> None:
+    topic = unique("notices")
+    group = unique("group")
+    app = CallbackApp()
+    await app.start()
+    try:
+        async with running_sidecars(cluster, 1) as (sidecar,):
+            await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+            status, body = await sidecar.produce(
+                topic, [{"key": f"k{i}", "value": i} for i in range(20)]
+            )
+            assert {entry["partition"] for entry in body["offsets"]} == {0, 1}, body
+
+            def records_in(stream: list[dict[str, Any]]) -> int:
+                return sum("type" not in item for item in stream)
+
+            first = await create_consumer(sidecar, group, "first", assignment_events=True)
+            await first.subscribe(topic)
+            stream = await _read_stream(first, lambda items: records_in(items) == 20)
+            assert stream[0] == {
+                "type": "partitions_assigned",
+                "partitions": [{"topic": topic, "partition": p} for p in (0, 1)],
+            }
+            assert _assigned_before_records(stream, topic) == {0, 1}
+            status, _ = await first.commit()
+            assert status == 204
+
+            # A second member (told by callback) joins: the first hears it lost everything
+            # and got one partition back, in the stream of its records responses.
+            second = await create_consumer(
+                sidecar, group, "second", assignment_events=True, callback_url=app.url
+            )
+            await second.subscribe(topic)
+            later = await _read_stream(
+                first,
+                lambda items: any(i.get("type") == "partitions_assigned" for i in items),
+            )
+            notices = [(i["type"], [p["partition"] for p in i["partitions"]]) for i in later]
+            assert notices[0] == ("partitions_revoked", [0, 1]), notices
+            assert notices[1][0] == "partitions_assigned"
+            (kept,) = notices[1][1]
+            deadline = time.monotonic() + 10
+            while not app.events:
+                assert time.monotonic() < deadline, "the second member was never told"
+                await asyncio.sleep(0.05)
+            (*_, told) = app.events[0]
+            assert told == {
+                "type": "partitions_assigned",
+                "group": group,
+                "instance_id": "second",
+                "partitions": [{"topic": topic, "partition": 1 - kept}],
+            }
+
+            # A member that did not ask is told nothing (REST Proxy's records response).
+            plain = await create_consumer(sidecar, unique("group"), "plain")
+            await plain.subscribe(topic)
+            got = await _read_stream(plain, lambda items: len(items) >= 20)
+            assert all("type" not in item for item in got)
+    finally:
+        await app.stop()
 
 
 async def test_relocation_tombstones_are_never_delivered(cluster: ClusterEndpoints) -> None:

@@ -20,6 +20,8 @@ from sidecar.http.consumer_codec import (
     MAX_INSTANCE_NAME_LENGTH,
     MAX_OFFSET,
     MAX_TOPIC_PATTERN_LENGTH,
+    AssignmentNotice,
+    AssignmentNoticeType,
     AutoOffsetReset,
     CommittedOffset,
     ConsumedRecord,
@@ -214,6 +216,7 @@ def test_create_with_every_field() -> None:
             "consumer.request.timeout.ms": 5000,
             "callback_url": "http://127.0.0.1:9000/keys?app=1",
             "callback_timeout_ms": 30_000,
+            "assignment_events": True,
         }
     )
     assert request == CreateConsumerRequest(
@@ -225,11 +228,19 @@ def test_create_with_every_field() -> None:
         request_timeout_ms=5000,
         callback_url="http://127.0.0.1:9000/keys?app=1",
         callback_timeout_ms=30_000,
+        assignment_events=True,
     )
 
 
 def test_create_null_fields_are_defaults() -> None:
-    fields = ["name", "format", "auto.offset.reset", "auto.commit.enable", "fetch.min.bytes"]
+    fields = [
+        "name",
+        "format",
+        "auto.offset.reset",
+        "auto.commit.enable",
+        "fetch.min.bytes",
+        "assignment_events",
+    ]
     assert create(dict.fromkeys(fields)) == DEFAULTS
 
 
@@ -300,6 +311,8 @@ def test_an_alias_may_repeat_its_field() -> None:
         ({"isolation.level": "read_committed"}, "unknown field(s) ['isolation.level']"),
         ({"enable.auto.commit": "false"}, "unknown field(s) ['enable.auto.commit']"),
         ({"callback_timeout_ms": 1000}, "callback_timeout_ms is set without callback_url"),
+        ({"assignment_events": "true"}, "assignment_events must be true or false, got 'true'"),
+        ({"assignment_events": 1}, "assignment_events must be true or false, got 1"),
         (
             {"callback_url": "http://localhost/", "callback_timeout_ms": 0},
             f"callback_timeout_ms must be an integer from 1 to {MAX_CALLBACK_TIMEOUT_MS}, got 0",
@@ -690,6 +703,24 @@ def test_key_events_sit_among_records_in_order() -> None:
             "generation": 4,
             "event_id": 8,
         },
+    ]
+
+
+def test_assignment_notices_have_no_event_id() -> None:
+    items: list[ConsumedRecord | KeyEvent | AssignmentNotice] = [
+        AssignmentNotice(
+            AssignmentNoticeType.PARTITIONS_ASSIGNED, (PartitionRef("t", 0), PartitionRef("t", 2))
+        ),
+        ConsumedRecord("t", 2, 0, key=None, value=b"1"),
+        AssignmentNotice(AssignmentNoticeType.PARTITIONS_REVOKED, (PartitionRef("t", 2),)),
+    ]
+    assert json.loads(encode_records_response(items, EmbeddedFormat.JSON)) == [
+        {
+            "type": "partitions_assigned",
+            "partitions": [{"topic": "t", "partition": 0}, {"topic": "t", "partition": 2}],
+        },
+        {"topic": "t", "key": None, "value": 1, "partition": 2, "offset": 0},
+        {"type": "partitions_revoked", "partitions": [{"topic": "t", "partition": 2}]},
     ]
 
 
