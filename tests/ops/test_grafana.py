@@ -4,10 +4,12 @@ Static: the JSON's structure (unique ids, grid positions inside the 24 columns w
 overlaps, datasource references that resolve, a query in every panel), every query
 parses as PromQL once Grafana's variables are substituted, and names only metrics the
 sidecar exports. Integration: a real Prometheus (Debian's binary) scrapes two running
-sidecars every second while the test produces load, expands the topic, and sends a
-fenced and an unknown-generation produce; then every produce-side query must return
-series through Prometheus' HTTP API. Consumer-side and audit queries (CONSUMER_METRICS)
-may return none yet; they must still be accepted by Prometheus.
+sidecars every second, and the ordering audit's textfile output, while the test produces
+load, reads it with a consumer group of one instance per sidecar (hand-off callbacks, the
+first of which fails), expands the topic until produces were held and records waited at
+the gate, writes one record around the sidecar, and sends a fenced and an
+unknown-generation produce; then every panel query must return series through
+Prometheus' HTTP API.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +26,17 @@ import aiohttp
 import promql_parser
 import pytest
 import yaml
+from aiohttp import web
+from aiokafka import AIOKafkaProducer
 
+from sidecar.audit.report import prometheus_textfile
 from sidecar.devcluster.provider import ClusterEndpoints
+from tests.integration.consumers import CallbackApp, RestConsumer, create_consumer
 from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
 from tests.ops.support import (
+    AUDIT_JOB_METRICS,
     DASHBOARD,
     GRAFANA_DIR,
-    PENDING_METRICS,
     PROMETHEUS_DIR,
     exported_metric_names,
     free_port,
@@ -38,21 +45,6 @@ from tests.ops.support import (
     substitute_grafana_variables,
 )
 
-# Metrics of the consume path and the audit: no series until consumers and the audit
-# job run, which this test does not do.
-CONSUMER_METRICS = frozenset(
-    {
-        "sidecar_gated_partitions",
-        "sidecar_gate_wait_seconds_bucket",
-        "sidecar_consumer_delivered_records_total",
-        "sidecar_consumer_lag",
-        "sidecar_handoff_callback_seconds_bucket",
-        "sidecar_handoff_callback_seconds_count",
-        "sidecar_handoff_callback_failures_total",
-        "sidecar_records_without_sidecar_headers_total",
-        *PENDING_METRICS,
-    }
-)
 PROVISIONED_DATASOURCES = GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml"
 PROVIDERS = GRAFANA_DIR / "provisioning" / "dashboards" / "ordered-sidecar.yml"
 
@@ -89,10 +81,6 @@ def annotation_queries() -> list[tuple[str, str]]:
         for item in dashboard()["annotations"]["list"]
         if "expr" in item
     ]
-
-
-def is_consumer_side(expr: str) -> bool:
-    return bool(metric_names_in(expr) & CONSUMER_METRICS)
 
 
 # Structure ------------------------------------------------------------------------------
@@ -153,7 +141,7 @@ def test_every_panel_has_a_query() -> None:
 
 
 def test_every_query_parses_as_promql_and_names_known_metrics() -> None:
-    known = exported_metric_names() | PENDING_METRICS
+    known = exported_metric_names() | AUDIT_JOB_METRICS
     for where, expr in queries():
         try:
             promql_parser.parse(expr)
@@ -224,9 +212,45 @@ async def produce_until(sidecar: RunningSidecar, topic: str, stop: asyncio.Event
     return statuses
 
 
-def sample(sidecar: RunningSidecar, name: str, topic: str) -> float:
-    value = sidecar.server.metrics.registry.get_sample_value(name, {"topic": topic})
-    return value or 0.0
+def total(sidecars: list[RunningSidecar], name: str, topic: str) -> float:
+    """``name`` summed over the sidecars and every label set of ``topic`` (or none)."""
+    found = 0.0
+    for sidecar in sidecars:
+        for family in sidecar.server.metrics.registry.collect():
+            for series in family.samples:
+                if series.name == name and series.labels.get("topic", topic) == topic:
+                    found += series.value
+    return found
+
+
+async def read_until(consumer: RestConsumer, stop: asyncio.Event) -> int:
+    """Poll (auto-commit on) until told to stop; the number of records read."""
+    read = 0
+    while not stop.is_set():
+        records, _ = await consumer.poll(200)
+        read += len(records)
+    return read
+
+
+@contextlib.asynccontextmanager
+async def audit_textfile_server(anomalies: dict[str, int]) -> AsyncIterator[str]:
+    """The ordering audit's ``anomalies.prom``, served as node_exporter's textfile
+    collector would serve it; yields its scrape target."""
+    body = prometheus_textfile(anomalies)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=body, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 async def query(session: aiohttp.ClientSession, expr: str) -> list[Any]:
@@ -253,68 +277,104 @@ async def wait_until_ready(
 
 
 @pytest.mark.integration
-async def test_every_produce_side_query_returns_series_from_a_real_prometheus(
+async def test_every_panel_query_returns_series_from_a_real_prometheus(
     cluster: ClusterEndpoints, tmp_path: Path
 ) -> None:
     prometheus = require_tool("prometheus")
-    async with running_sidecars(cluster, 2) as sidecars:
-        topic = unique("ops-dashboard")
-        # Compacted, so that keys moved by the expansion get relocation tombstones.
-        await sidecars[0].create_topic(
-            topic, 3, replication_factor=cluster.replication_factor, compacted=True
-        )
-        port = free_port()
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(PROMETHEUS_DIR / "alerts.yml")],
-            "scrape_configs": [
-                {
-                    "job_name": "ordered-sidecar",
-                    "static_configs": [
-                        {"targets": [f"127.0.0.1:{s.server.port}" for s in sidecars]}
-                    ],
-                }
-            ],
-        }
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        log = (tmp_path / "prometheus.log").open("wb")
-        process = await asyncio.create_subprocess_exec(
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
-                await wait_until_ready(session, process)
-                await exercise_the_sidecars(sidecars, topic)
-                await check_queries(session, tmp_path)
-        finally:
-            if process.returncode is None:
-                process.terminate()
+    app = CallbackApp(fail_first=1)  # one failed callback: the failures panel has a series
+    await app.start()
+    try:
+        async with (
+            running_sidecars(cluster, 2) as sidecars,
+            audit_textfile_server({"lost": 0, "nonmonotonic": 1}) as audit_target,
+        ):
+            topic = unique("ops-dashboard")
+            # Compacted, so that keys moved by the expansion get relocation tombstones.
+            await sidecars[0].create_topic(
+                topic, 3, replication_factor=cluster.replication_factor, compacted=True
+            )
+            port = free_port()
+            config = {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(PROMETHEUS_DIR / "alerts.yml")],
+                "scrape_configs": [
+                    {
+                        "job_name": "ordered-sidecar",
+                        "static_configs": [
+                            {"targets": [f"127.0.0.1:{s.server.port}" for s in sidecars]}
+                        ],
+                    },
+                    {"job_name": "ordered-audit", "static_configs": [{"targets": [audit_target]}]},
+                ],
+            }
+            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+            log = (tmp_path / "prometheus.log").open("wb")
+            process = await asyncio.create_subprocess_exec(
+                prometheus,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+            )
             try:
-                await asyncio.wait_for(process.wait(), timeout=20)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-            log.close()
+                async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
+                    await wait_until_ready(session, process)
+                    await exercise_the_sidecars(sidecars, topic, cluster, app.url)
+                    await check_queries(session, tmp_path)
+            finally:
+                if process.returncode is None:
+                    process.terminate()
+                try:
+                    await asyncio.wait_for(process.wait(), timeout=20)
+                except TimeoutError:
+                    process.kill()
+                    await process.wait()
+                log.close()
+    finally:
+        await app.stop()
 
 
-async def exercise_the_sidecars(sidecars: list[RunningSidecar], topic: str) -> None:
+async def exercise_the_sidecars(
+    sidecars: list[RunningSidecar], topic: str, cluster: ClusterEndpoints, callback_url: str
+) -> None:
+    group = unique("ops-group")
+    readers = [
+        await create_consumer(
+            sidecar,
+            group,
+            f"reader-{index}",
+            callback_url=callback_url,
+            **{"auto.commit.enable": "true"},
+        )
+        for index, sidecar in enumerate(sidecars)
+    ]
+    for reader in readers:
+        await reader.subscribe(topic)
     stop = asyncio.Event()
     load = [asyncio.create_task(produce_until(sidecar, topic, stop)) for sidecar in sidecars]
+    reading = [asyncio.create_task(read_until(reader, stop)) for reader in readers]
     try:
         await asyncio.sleep(2)
-        # Expand until a produce was held at a barrier (nearly always the first time).
+        # Expand until a produce was held at a barrier and a record waited at the gate
+        # (nearly always the first time).
         count = 3
-        while not any(sample(s, "sidecar_produce_hold_seconds_count", topic) for s in sidecars):
-            assert count < 6, "no produce was held across three expansions"
+        while (
+            not total(sidecars, "sidecar_produce_hold_seconds_count", topic)
+            or not total(sidecars, "sidecar_gate_wait_seconds_count", topic)
+            or not total(sidecars, "sidecar_handoff_callback_seconds_count", topic)
+        ):
+            assert count < 8, "no hold, gate wait or callback across five expansions"
             count += 1
             await sidecars[0].change_count(topic, count)
-            await asyncio.sleep(1)
-        await asyncio.sleep(2)  # moved keys are produced again: relocation tombstones
+            await asyncio.sleep(2)
+        # One record written around the sidecar: delivered, and counted as such.
+        producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, b"raw", key=b"around-the-sidecar", partition=0)
+        finally:
+            await producer.stop()
         fenced, _ = await sidecars[1].produce(
             topic, [{"key": "k", "value": 1}], extra={"expected_generation": 0}
         )
@@ -322,34 +382,40 @@ async def exercise_the_sidecars(sidecars: list[RunningSidecar], topic: str) -> N
             topic, [{"key": "k", "value": 1}], extra={"expected_generation": 999}
         )
         assert (fenced, unknown) == (409, 503)
+        deadline = time.monotonic() + 20
+        while not total(sidecars, "sidecar_records_without_sidecar_headers_total", topic):
+            assert time.monotonic() < deadline, "the record without headers was not delivered"
+            await asyncio.sleep(0.2)
         await asyncio.sleep(3)  # several scrapes after every event
     finally:
         stop.set()
         statuses = await asyncio.gather(*load)
+        read = await asyncio.gather(*reading)
+    for reader in readers:
+        await reader.delete()
     assert {status for run in statuses for status in run} == {200}
-    assert sum(sample(s, "sidecar_relocation_tombstones_total", topic) for s in sidecars) > 0
+    assert sum(read) > 0
+    assert total(sidecars, "sidecar_relocation_tombstones_total", topic) > 0
+    assert total(sidecars, "sidecar_handoff_callback_failures_total", topic) >= 1
 
 
 async def check_queries(session: aiohttp.ClientSession, tmp_path: Path) -> None:
     panel_queries = queries(annotations=False)
-    produce_side = [(where, e) for where, e in panel_queries if not is_consumer_side(e)]
-    consumer_side = [(where, e) for where, e in panel_queries if is_consumer_side(e)]
-    assert len(produce_side) >= 15
-    assert consumer_side
+    assert len(panel_queries) >= 25
     deadline = time.monotonic() + 30
     while True:
-        empty = [where for where, expr in produce_side if not await query(session, expr)]
+        empty = [where for where, expr in panel_queries if not await query(session, expr)]
         if not empty:
             break
         assert time.monotonic() < deadline, (
             f"no series for {empty} (log: {(tmp_path / 'prometheus.log').read_text()[-2000:]})"
         )
         await asyncio.sleep(1)
-    # Accepted, series or not: consumer-side panels, and the annotation, which only has
-    # series within a minute of a generation change.
+    # Accepted, series or not: the annotation has series only within a minute of a
+    # generation change.
     names = set(variables())
     events = [(where, substitute_grafana_variables(e, names)) for where, e in annotation_queries()]
-    for _, expr in consumer_side + events:
+    for _, expr in events:
         await query(session, expr)
     # The alert rules evaluate against the real series without errors.
     async with session.get("/api/v1/rules") as response:
