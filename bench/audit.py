@@ -197,6 +197,7 @@ def main() -> None:
         default=[1_000_000, 2_000_000],
         help="event counts to audit (about half produce_acked, half delivered)",
     )
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each size")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--driver-memory", default="2g")
@@ -217,18 +218,22 @@ def main() -> None:
         print(f"warm-up: {warmup['events']:,.0f} events in {warmup['audit_s']:.1f} s")
         rows = []
         for events in args.events:
-            figures = measure(spark, (events - OVERHEAD_EVENTS) // 2, directory)
-            print(
-                f"{figures['events']:,.0f} events: {figures['audit_s']:.1f} s, "
-                f"{figures['rate']:,.0f} events/s"
-            )
+            runs = []
+            for _ in range(args.rounds):
+                figures = measure(spark, (events - OVERHEAD_EVENTS) // 2, directory)
+                print(
+                    f"{figures['events']:,.0f} events: {figures['audit_s']:.1f} s, "
+                    f"{figures['rate']:,.0f} events/s"
+                )
+                runs.append(figures)
+            best = max(runs, key=lambda f: f["rate"])
             rows.append(
                 [
-                    f"{figures['events']:,.0f}",
-                    f"{figures['generated_s']:.1f}",
-                    f"{figures['audit_s']:.1f}",
-                    f"{figures['rate']:,.0f}",
-                    f"{figures['keys_moved']:,.0f}",
+                    f"{best['events']:,.0f}",
+                    f"{best['generated_s']:.1f}",
+                    ", ".join(f"{f['audit_s']:.1f}" for f in runs),
+                    f"{best['rate']:,.0f}",
+                    f"{best['keys_moved']:,.0f}",
                 ]
             )
     finally:
@@ -248,11 +253,15 @@ def main() -> None:
         f"{PRODUCERS} producers, {KEYS:,} keys, {OLD_COUNT} partitions expanded to "
         f"{NEW_COUNT} halfway, one consumer group). Job time: from reading the Parquet "
         "files to the last output (every check, the Parquet tables, summary, report and "
-        "charts), in a Spark session warmed up by a 20,000-event run; generation time is "
-        "building and writing the events, not counted.",
+        "charts), in a Spark session warmed up by a run of 20,000 records (about 40,000 "
+        "events); generation time is building and writing the events, not counted. Every "
+        "size runs "
+        f"{args.rounds} times in a row; the JVM's compiler is still warming up during the "
+        "first large run, and other work on the machine (see the load average) shows as "
+        "spread between rounds.",
         "",
         *markdown_table(
-            ["events", "generation s", "job s", "events/s", "keys moved"],
+            ["events", "generation s", "job s (each round)", "events/s (best)", "keys moved"],
             rows,
         ),
     ]

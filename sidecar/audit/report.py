@@ -211,7 +211,7 @@ def draw_charts(
     if not any(bottom):
         axes.text(0.5, 0.5, "no anomalies", transform=axes.transAxes, ha="center")
     else:
-        axes.legend(loc="upper left", fontsize=8)
+        axes.legend(loc="best", fontsize=8)
     mark_operations(axes)
     axes.set_xlabel(f"seconds since {iso(origin)}")
     axes.set_ylabel(f"anomalies per {bucket_s:g} s")
@@ -237,7 +237,7 @@ def draw_charts(
             )
             plotted = True
     if plotted:
-        axes.legend(loc="upper left", fontsize=8)
+        axes.legend(loc="best", fontsize=8)
     else:
         axes.text(0.5, 0.5, "no Prometheus data", transform=axes.transAxes, ha="center")
     mark_operations(axes)
