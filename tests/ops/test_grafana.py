@@ -5,11 +5,11 @@ overlaps, datasource references that resolve, a query in every panel), every que
 parses as PromQL once Grafana's variables are substituted, and names only metrics the
 sidecar exports. Integration: a real Prometheus (Debian's binary) scrapes two running
 sidecars every second, and the ordering audit's textfile output, while the test produces
-load, reads it with a consumer group of one instance per sidecar (hand-off callbacks, the
-first of which fails), expands the topic until produces were held and records waited at
-the gate, writes one record around the sidecar, and sends a fenced and an
-unknown-generation produce; then every panel query must return series through
-Prometheus' HTTP API.
+load, expands the topic until produces were held, makes a record of the new partition
+wait at the gate until another instance of its group (on the other sidecar) commits the
+blocking partition, with hand-off callbacks (the first of which fails), writes one record
+around the sidecar, and sends a fenced and an unknown-generation produce; then every
+panel query must return series through Prometheus' HTTP API.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaProducer
 
 from sidecar.audit.report import prometheus_textfile
 from sidecar.devcluster.provider import ClusterEndpoints
-from tests.integration.consumers import CallbackApp, RestConsumer, create_consumer
+from tests.integration.consumers import CallbackApp, create_consumer
 from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
 from tests.ops.support import (
     AUDIT_JOB_METRICS,
@@ -223,15 +223,6 @@ def total(sidecars: list[RunningSidecar], name: str, topic: str) -> float:
     return found
 
 
-async def read_until(consumer: RestConsumer, stop: asyncio.Event) -> int:
-    """Poll (auto-commit on) until told to stop; the number of records read."""
-    read = 0
-    while not stop.is_set():
-        records, _ = await consumer.poll(200)
-        read += len(records)
-    return read
-
-
 @contextlib.asynccontextmanager
 async def audit_textfile_server(anomalies: dict[str, int]) -> AsyncIterator[str]:
     """The ordering audit's ``anomalies.prom``, served as node_exporter's textfile
@@ -338,36 +329,40 @@ async def test_every_panel_query_returns_series_from_a_real_prometheus(
 async def exercise_the_sidecars(
     sidecars: list[RunningSidecar], topic: str, cluster: ClusterEndpoints, callback_url: str
 ) -> None:
+    # Two instances of one group with manual assignments, so that a record certainly
+    # waits at the gate: the blocker owns partition 0 and does not read until the
+    # instance that owns partition 3 (split from 0 by the first expansion) is waiting.
     group = unique("ops-group")
-    readers = [
-        await create_consumer(
-            sidecar,
-            group,
-            f"reader-{index}",
-            callback_url=callback_url,
-            **{"auto.commit.enable": "true"},
-        )
-        for index, sidecar in enumerate(sidecars)
-    ]
-    for reader in readers:
-        await reader.subscribe(topic)
+    blocker = await create_consumer(sidecars[0], group, "blocker", callback_url=callback_url)
+    waiter = await create_consumer(sidecars[1], group, "waiter", callback_url=callback_url)
+    await blocker.assign((topic, 0))
     stop = asyncio.Event()
     load = [asyncio.create_task(produce_until(sidecar, topic, stop)) for sidecar in sidecars]
-    reading = [asyncio.create_task(read_until(reader, stop)) for reader in readers]
     try:
         await asyncio.sleep(2)
-        # Expand until a produce was held at a barrier and a record waited at the gate
-        # (nearly always the first time).
+        # Expand until a produce was held at a barrier (nearly always the first time).
         count = 3
-        while (
-            not total(sidecars, "sidecar_produce_hold_seconds_count", topic)
-            or not total(sidecars, "sidecar_gate_wait_seconds_count", topic)
-            or not total(sidecars, "sidecar_handoff_callback_seconds_count", topic)
-        ):
-            assert count < 8, "no hold, gate wait or callback across five expansions"
+        while not total(sidecars, "sidecar_produce_hold_seconds_count", topic):
+            assert count < 6, "no produce was held across three expansions"
             count += 1
             await sidecars[0].change_count(topic, count)
-            await asyncio.sleep(2)
+            await asyncio.sleep(1)
+        await waiter.assign((topic, 3))
+        deadline = time.monotonic() + 20
+        while not total(sidecars, "sidecar_gated_partitions", topic):
+            assert time.monotonic() < deadline, "partition 3 never waited for partition 0"
+            records, _ = await waiter.poll(200)
+            assert records == []
+        # The blocker reads and commits past the boundary (its keys_revoked callback
+        # first): the waiter's records are released, after its keys_assigned callback.
+        deadline = time.monotonic() + 30
+        released: list[dict[str, Any]] = []
+        while not released:
+            assert time.monotonic() < deadline, "the gate did not open"
+            await blocker.poll(200)
+            status, body = await blocker.commit()
+            assert status == 204, body
+            released, _ = await waiter.poll(200)
         # One record written around the sidecar: delivered, and counted as such.
         producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap)
         await producer.start()
@@ -375,6 +370,11 @@ async def exercise_the_sidecars(
             await producer.send_and_wait(topic, b"raw", key=b"around-the-sidecar", partition=0)
         finally:
             await producer.stop()
+        deadline = time.monotonic() + 20
+        while not total(sidecars, "sidecar_records_without_sidecar_headers_total", topic):
+            assert time.monotonic() < deadline, "the record without headers was not delivered"
+            await blocker.poll(200)
+        await asyncio.sleep(2)  # moved keys are produced again: relocation tombstones
         fenced, _ = await sidecars[1].produce(
             topic, [{"key": "k", "value": 1}], extra={"expected_generation": 0}
         )
@@ -382,19 +382,14 @@ async def exercise_the_sidecars(
             topic, [{"key": "k", "value": 1}], extra={"expected_generation": 999}
         )
         assert (fenced, unknown) == (409, 503)
-        deadline = time.monotonic() + 20
-        while not total(sidecars, "sidecar_records_without_sidecar_headers_total", topic):
-            assert time.monotonic() < deadline, "the record without headers was not delivered"
-            await asyncio.sleep(0.2)
         await asyncio.sleep(3)  # several scrapes after every event
     finally:
         stop.set()
         statuses = await asyncio.gather(*load)
-        read = await asyncio.gather(*reading)
-    for reader in readers:
-        await reader.delete()
+    for instance in (blocker, waiter):
+        await instance.delete()
     assert {status for run in statuses for status in run} == {200}
-    assert sum(read) > 0
+    assert total(sidecars, "sidecar_gate_wait_seconds_count", topic) > 0
     assert total(sidecars, "sidecar_relocation_tombstones_total", topic) > 0
     assert total(sidecars, "sidecar_handoff_callback_failures_total", topic) >= 1
 
