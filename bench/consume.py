@@ -31,7 +31,6 @@ import base64
 import json
 import random
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -45,19 +44,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bench.harness import (
     BINARY_V2,
     MIB,
-    CpuMeter,
-    CpuShares,
     RestConsumer,
-    cluster_pids,
-    cores,
     create_topic,
-    delete_root,
-    kafka_line,
     profiled,
     sidecars,
 )
+from bench.machine import CpuMeter, CpuShares, cluster_pids, cores, delete_root, kafka_line
 from bench.produce import Sidecar
-from bench.report import command_line, machine_lines, markdown_table, write_result
+from bench.report import markdown_table, measure_and_write
 from sidecar.devcluster.provider import provide_cluster
 
 PARTITIONS = 6
@@ -426,22 +420,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     plan = QUICK if args.quick else FULL
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    header_machine = machine_lines("…")
-    began = time.monotonic()
-    with tempfile.NamedTemporaryFile(prefix="bench-sidecar-", suffix=".log", delete=False) as log:
-        results, kafka = asyncio.run(run(plan, args.profile, log))
-    Path(log.name).unlink()  # kept only when the run failed
-    header = [
-        *(
-            line if not line.startswith("- Kafka:") else f"- Kafka: {kafka}"
-            for line in header_machine
-        ),
-        f"- command: `{command_line('bench.consume')}` ({time.monotonic() - began:.0f} s)",
-    ]
-    body = render(results, plan)
-    print("\n".join(body))
-    path = write_result("consume", "Consume benchmark", header, body)
-    print(f"\nwritten to {path}")
+    measure_and_write(
+        "consume",
+        "Consume benchmark",
+        lambda log: run(plan, args.profile, log),
+        lambda results: render(results, plan),
+    )
 
 
 if __name__ == "__main__":

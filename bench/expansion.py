@@ -32,10 +32,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
 import random
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -44,19 +42,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
-from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.harness import (
     BINARY_V2,
     BucketCounts,
-    CpuMeter,
-    CpuShares,
     admin_call,
-    cluster_pids,
     create_topic,
-    delete_root,
     histogram,
-    kafka_line,
     mean,
     merge,
     milliseconds,
@@ -66,8 +58,9 @@ from bench.harness import (
     spread,
     total,
 )
+from bench.machine import CpuMeter, CpuShares, cluster_pids, kafka_line, remove_data
 from bench.produce import Sidecar
-from bench.report import command_line, machine_lines, markdown_table, write_result
+from bench.report import markdown_table, measure_and_write
 from sidecar.devcluster.provider import provide_cluster
 
 SIDECARS = 3
@@ -366,12 +359,7 @@ async def run(plan: Plan, profile: Path | None, log: IO[bytes]) -> tuple[list[Se
                         )
                     )
         finally:
-            admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
-            await admin.start()
-            with contextlib.suppress(Exception):
-                await admin.delete_topics(topics)
-            await admin.close()
-            delete_root(cluster.zookeeper_hosts, root)
+            await remove_data(cluster, topics, root)
     return results, kafka
 
 
@@ -574,22 +562,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     plan = QUICK if args.quick else FULL
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    header_machine = machine_lines("…")
-    began = time.monotonic()
-    with tempfile.NamedTemporaryFile(prefix="bench-sidecar-", suffix=".log", delete=False) as log:
-        results, kafka = asyncio.run(run(plan, args.profile, log))
-    Path(log.name).unlink()  # kept only when the run failed
-    header = [
-        *(
-            line if not line.startswith("- Kafka:") else f"- Kafka: {kafka}"
-            for line in header_machine
-        ),
-        f"- command: `{command_line('bench.expansion')}` ({time.monotonic() - began:.0f} s)",
-    ]
-    body = render(results, plan)
-    print("\n".join(body))
-    path = write_result("expansion", "Expansion under load benchmark", header, body)
-    print(f"\nwritten to {path}")
+    measure_and_write(
+        "expansion",
+        "Expansion under load benchmark",
+        lambda log: run(plan, args.profile, log),
+        lambda results: render(results, plan),
+    )
 
 
 if __name__ == "__main__":

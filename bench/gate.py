@@ -38,12 +38,10 @@ import argparse
 import asyncio
 import contextlib
 import json
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from aiohttp import web
@@ -55,16 +53,15 @@ from bench.harness import (
     RestConsumer,
     admin_call,
     create_topic,
-    delete_root,
     histogram,
-    kafka_line,
     milliseconds,
     scrape,
     sidecars,
     spread,
 )
+from bench.machine import kafka_line, remove_data
 from bench.produce import Sidecar
-from bench.report import command_line, machine_lines, markdown_table, write_result
+from bench.report import markdown_table, measure_and_write
 from sidecar.core.routing import partition_for_key
 from sidecar.devcluster.provider import provide_cluster
 
@@ -335,12 +332,7 @@ async def run(plan: Plan, log: IO[bytes]) -> tuple[Results, str]:
                     results.callback_mean_s[kind] = callbacks.mean
             results.callbacks = dict(app.received)
         finally:
-            admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
-            await admin.start()
-            with contextlib.suppress(Exception):
-                await admin.delete_topics(topics)
-            await admin.close()
-            delete_root(cluster.zookeeper_hosts, root)
+            await remove_data(cluster, topics, root)
     return results, kafka
 
 
@@ -400,22 +392,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="3 repetitions, fewer records")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
-    header_machine = machine_lines("…")
-    began = time.monotonic()
-    with tempfile.NamedTemporaryFile(prefix="bench-sidecar-", suffix=".log", delete=False) as log:
-        results, kafka = asyncio.run(run(plan, log))
-    Path(log.name).unlink()  # kept only when the run failed
-    header = [
-        *(
-            line if not line.startswith("- Kafka:") else f"- Kafka: {kafka}"
-            for line in header_machine
-        ),
-        f"- command: `{command_line('bench.gate')}` ({time.monotonic() - began:.0f} s)",
-    ]
-    body = render(results, plan)
-    print("\n".join(body))
-    path = write_result("gate", "Gate release benchmark", header, body)
-    print(f"\nwritten to {path}")
+    measure_and_write(
+        "gate",
+        "Gate release benchmark",
+        lambda log: run(plan, log),
+        lambda results: render(results, plan),
+    )
 
 
 if __name__ == "__main__":

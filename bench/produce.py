@@ -40,7 +40,6 @@ import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -51,9 +50,9 @@ from typing import IO, Any
 import aiohttp
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from kazoo.client import KazooClient
 
-from bench.report import command_line, machine_lines, markdown_table, write_result
+from bench.machine import CpuMeter, CpuShares, cluster_pids, cores, delete_root, kafka_line
+from bench.report import markdown_table, measure_and_write
 from sidecar.devcluster.install import (
     _SLF4J_VERSION,
     KAFKA_VERSION,
@@ -67,7 +66,6 @@ PARTITIONS = 6
 KEY_BYTES = 16
 BINARY_V2 = "application/vnd.kafka.binary.v2+json"
 ADMIN_TOKEN = f"bench-{uuid.uuid4().hex}"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
 
 
@@ -134,72 +132,16 @@ class Tally:
 
 
 @dataclass(frozen=True, slots=True)
-class CpuUse:
-    """CPU over one phase, each in % of one core (so 100 % x nproc is the whole machine)."""
-
-    load_generator: float
-    sidecar: float
-    cluster: float | None  # ZooKeeper and the brokers, when this run started them
-    rest: float  # everything else on the machine: other users of it, the kernel
-
-
-@dataclass(frozen=True, slots=True)
 class ThroughputRun:
     records: int
     failed: int
     seconds: float
     first_error: str = ""
-    cpu: CpuUse | None = None
+    cpu: CpuShares | None = None
 
     @property
     def per_second(self) -> float:
         return self.records / self.seconds
-
-
-class CpuMeter:
-    """CPU time of this process, the sidecar, the cluster and the whole machine over a phase."""
-
-    def __init__(self, sidecar_pid: int, cluster_pids: Sequence[int]) -> None:
-        self._sidecar_pid = sidecar_pid
-        self._cluster_pids = list(cluster_pids)
-        self._began = time.monotonic()
-        self._own = _process_ticks(os.getpid())
-        self._sidecar = _process_ticks(sidecar_pid)
-        self._cluster = sum(_process_ticks(pid) for pid in self._cluster_pids)
-        self._busy, self._total = _machine_ticks()
-
-    def read(self) -> CpuUse:
-        seconds = time.monotonic() - self._began
-        busy, total = _machine_ticks()
-
-        def percent(ticks: int) -> float:
-            return ticks / CLOCK_TICKS / seconds * 100
-
-        own = percent(_process_ticks(os.getpid()) - self._own)
-        sidecar = percent(_process_ticks(self._sidecar_pid) - self._sidecar)
-        cluster = percent(sum(_process_ticks(pid) for pid in self._cluster_pids) - self._cluster)
-        machine = (busy - self._busy) / max(1, total - self._total) * 100 * _cores()
-        known = own + sidecar + cluster
-        return CpuUse(
-            own, sidecar, cluster if self._cluster_pids else None, max(0.0, machine - known)
-        )
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0))
-
-
-def _process_ticks(pid: int) -> int:
-    # Fields after the command name (which may hold spaces): utime and stime are 14, 15.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def _machine_ticks() -> tuple[int, int]:
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]
-    total = sum(values[:8])
-    return total - idle, total
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float:
@@ -547,7 +489,7 @@ class Target:
     async def throughput(
         self, path: str, workload: Workload, seconds: float, plan: Plan
     ) -> ThroughputRun:
-        meter = CpuMeter(self.sidecar.pid, self.cluster_pids)
+        meter = CpuMeter([self.sidecar.pid], self.cluster_pids)
         if path == SIDECAR:
             run = await sidecar_throughput(
                 self.sidecar, self.managed, workload, seconds, plan.connections
@@ -575,9 +517,7 @@ async def run(
     root = f"/bench-{suffix}"
     results: list[SizeResult] = []
     with provide_cluster() as cluster:
-        kafka = f"{KAFKA_VERSION}, {cluster.broker_count} brokers ({cluster.kind} cluster)"
-        if cluster.kind == "local":
-            kafka += " on loopback"
+        kafka = kafka_line(cluster)
         print(f"cluster: Kafka {kafka}, bootstrap {cluster.kafka_bootstrap}", flush=True)
         rf = cluster.replication_factor
         admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
@@ -590,7 +530,7 @@ async def run(
             await producer.start()
             async with sidecar_process(cluster, root, log, plan.connections) as sidecar:
                 await create_managed_topic(sidecar, managed, rf)
-                target = Target(producer, plain, sidecar, managed, _cluster_pids(cluster))
+                target = Target(producer, plain, sidecar, managed, cluster_pids(cluster))
                 await _warm_up(plan, target)
                 for size in plan.sizes:
                     result = SizeResult(size)
@@ -613,7 +553,7 @@ async def run(
             with contextlib.suppress(Exception):
                 await admin.delete_topics([plain, managed])
             await admin.close()
-            _delete_root(cluster.zookeeper_hosts, root)
+            delete_root(cluster.zookeeper_hosts, root)
     return results, kafka
 
 
@@ -653,24 +593,6 @@ async def _measure_size(plan: Plan, workload: Workload, result: SizeResult, targ
         f"sidecar {percentile(result.sidecar_latency, 0.5) * 1e3:.2f} ms",
         flush=True,
     )
-
-
-def _cluster_pids(cluster: ClusterEndpoints) -> list[int]:
-    if cluster.local is None:
-        return []
-    return [int(server["pid"]) for server in cluster.local.status().values() if server["pid"]]
-
-
-def _delete_root(hosts: str, root: str) -> None:
-    zookeeper = KazooClient(hosts=hosts)
-    try:
-        zookeeper.start(timeout=10)
-        zookeeper.delete(root, recursive=True)
-    except Exception as exc:  # cleanup only: report, never mask the results
-        print(f"could not delete ZooKeeper root {root}: {exc!r}", file=sys.stderr)
-    finally:
-        zookeeper.stop()
-        zookeeper.close()
 
 
 # Rendering -------------------------------------------------------------------------------
@@ -736,7 +658,7 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
                     ", ".join(f"{run.per_second:,.0f}" for run in runs),
                     str(sum(run.failed for run in runs)),
                     _cpu(runs, "load_generator"),
-                    _cpu(runs, "sidecar"),
+                    _cpu(runs, "sidecars"),
                     _cpu(runs, "cluster"),
                     _cpu(runs, "rest"),
                 ]
@@ -791,7 +713,7 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         "In flight: records sent and not yet acknowledged (direct: send() futures; sidecar: "
         f"{plan.connections} connections, each with one request of {plan.batch} records). "
         "CPU is the mean over the runs, in % of one core (the machine has "
-        f"{_cores()} cores, {_cores() * 100} %): the load generator (this process, with "
+        f"{cores()} cores, {cores() * 100} %): the load generator (this process, with "
         "the direct producer in it), the sidecar process, ZooKeeper + brokers (when this "
         "run started them) and the rest of the machine (other work on it, the kernel).",
         "",
@@ -829,22 +751,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     java = not (args.quick or args.no_java)
-    header_machine = machine_lines("…")  # the load average before the cluster starts
-    began = time.monotonic()
-    with tempfile.NamedTemporaryFile(prefix="bench-sidecar-", suffix=".log", delete=False) as log:
-        results, kafka = asyncio.run(run(plan, java, args.profile, log))
-    Path(log.name).unlink()  # kept only when the run failed
-    header = [
-        *(
-            line if not line.startswith("- Kafka:") else f"- Kafka: {kafka}"
-            for line in header_machine
-        ),
-        f"- command: `{command_line('bench.produce')}` ({time.monotonic() - began:.0f} s)",
-    ]
-    body = render(results, plan)
-    print("\n".join(body))
-    path = write_result("produce", "Produce benchmark", header, body)
-    print(f"\nwritten to {path}")
+    measure_and_write(
+        "produce",
+        "Produce benchmark",
+        lambda log: run(plan, java, args.profile, log),
+        lambda results: render(results, plan),
+    )
 
 
 if __name__ == "__main__":

@@ -8,12 +8,18 @@ command that reproduces it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 import platform
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import IO, Any, TypeVar
+
+Results = TypeVar("Results")
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -42,6 +48,34 @@ def write_result(name: str, title: str, header: Sequence[str], body: Sequence[st
     path = RESULTS_DIR / f"{name}.md"
     path.write_text("\n".join([f"# {title}", "", *header, "", *body, ""]))
     return path
+
+
+def measure_and_write(
+    name: str,
+    title: str,
+    measure: Callable[[IO[bytes]], Coroutine[Any, Any, tuple[Results, str]]],
+    render: Callable[[Results], list[str]],
+) -> None:
+    """Run ``measure`` (given a log file for the sidecars, kept only when it fails; it
+    returns its results and what it ran against), print ``render`` of them and write
+    them to ``results/<name>.md`` under the machine's description, whose load average
+    is read before the cluster starts."""
+    header_machine = machine_lines("…")
+    began = time.monotonic()
+    with tempfile.NamedTemporaryFile(prefix="bench-sidecar-", suffix=".log", delete=False) as log:
+        results, kafka = asyncio.run(measure(log))
+    Path(log.name).unlink()
+    header = [
+        *(
+            line if not line.startswith("- Kafka:") else f"- Kafka: {kafka}"
+            for line in header_machine
+        ),
+        f"- command: `{command_line(f'bench.{name}')}` ({time.monotonic() - began:.0f} s)",
+    ]
+    body = render(results)
+    print("\n".join(body))
+    path = write_result(name, title, header, body)
+    print(f"\nwritten to {path}")
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -39,9 +39,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
-from aiokafka.admin import AIOKafkaAdminClient
-from kazoo.client import KazooClient
 
+from bench.machine import remove_data
 from bench.report import command_line, machine_lines, markdown_table, write_result
 from sidecar.devcluster.install import KAFKA_VERSION
 from sidecar.devcluster.provider import provide_cluster
@@ -316,25 +315,8 @@ async def run(plan: Plan) -> Outcome:
             stop_consuming.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             await asyncio.gather(*(stop_process(s) for s in sidecars), return_exceptions=True)
-            admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
-            with contextlib.suppress(Exception):
-                await admin.start()
-                await admin.delete_topics([topic])
-            await admin.close()
-            _delete_root(cluster.zookeeper_hosts, root)
+            await remove_data(cluster, [topic], root)
     return outcome
-
-
-def _delete_root(hosts: str, root: str) -> None:
-    zookeeper = KazooClient(hosts=hosts)
-    try:
-        zookeeper.start(timeout=10)
-        zookeeper.delete(root, recursive=True)
-    except Exception as exc:  # cleanup only: report, never mask the results
-        print(f"could not delete ZooKeeper root {root}: {exc!r}", file=sys.stderr)
-    finally:
-        zookeeper.stop()
-        zookeeper.close()
 
 
 # Rendering -------------------------------------------------------------------------------

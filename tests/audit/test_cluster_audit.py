@@ -28,7 +28,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from aiokafka import AIOKafkaProducer
 from pyspark.sql import SparkSession
 
@@ -48,8 +47,7 @@ from tests.integration.ledger import (
     wait_until_delivered,
 )
 from tests.integration.sidecars import RunningSidecar, read_all, settings_for, unique
-from tests.ops.support import free_port, require_tool
-from tests.ops.test_grafana import wait_until_ready
+from tests.ops.support import running_prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +95,6 @@ async def audited_sidecars(
 @contextlib.asynccontextmanager
 async def scraping_prometheus(targets: Sequence[int], directory: Path) -> AsyncIterator[str]:
     """A real Prometheus scraping ``targets`` (ports on 127.0.0.1) every second; its URL."""
-    port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [
@@ -107,30 +104,8 @@ async def scraping_prometheus(targets: Sequence[int], directory: Path) -> AsyncI
             }
         ],
     }
-    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = (directory / "prometheus.log").open("wb")
-    process = await asyncio.create_subprocess_exec(
-        require_tool("prometheus"),
-        f"--config.file={directory / 'prometheus.yml'}",
-        f"--storage.tsdb.path={directory / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        stdout=log,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession(url) as session:
-            await wait_until_ready(session, process)
+    async with running_prometheus(config, directory) as url:
         yield url
-    finally:
-        if process.returncode is None:
-            process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), timeout=20)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-        log.close()
 
 
 def registry_total(sidecars: Sequence[RunningSidecar], name: str, labels: dict[str, str]) -> float:

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,18 @@ def decoded(record: dict[str, Any]) -> tuple[bytes | None, bytes | None]:
     return key, value
 
 
+async def serve_callbacks(
+    handle: Callable[[web.Request], Awaitable[web.Response]],
+) -> tuple[web.AppRunner, str]:
+    """A localhost app answering hand-off callbacks with ``handle``; its runner and URL."""
+    app = web.Application()
+    app.router.add_post("/handoff", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/handoff"
+
+
 @dataclass
 class CallbackApp:
     """A localhost app receiving key hand-off callbacks, recording their order."""
@@ -100,14 +113,7 @@ class CallbackApp:
     _runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/handoff", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}/handoff"
+        self._runner, self.url = await serve_callbacks(self._handle)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -194,6 +195,20 @@ async def running_sidecars(
         for running in started:
             await running.http.close()
             await running.server.stop()
+
+
+async def wait_for_final_operation(
+    sidecar: SidecarClient, topic: str, within_s: float
+) -> dict[str, Any]:
+    """The topic's description once its partition-count change is done or rolled back."""
+    deadline = time.monotonic() + within_s
+    while True:
+        description = await sidecar.describe(topic)
+        operation = description["operation"]
+        if isinstance(operation, dict) and operation["phase"] in ("done", "rolled_back"):
+            return description
+        assert time.monotonic() < deadline, f"the change never finished: {operation}"
+        await asyncio.sleep(0.2)
 
 
 def b64(data: bytes) -> str:

@@ -25,6 +25,7 @@ from tests.integration.sidecars import (
     start_process,
     stop_process,
     unique,
+    wait_for_final_operation,
 )
 from tests.integration.tcp_proxy import TcpProxy
 
@@ -43,19 +44,6 @@ async def processes(
         yield started
     finally:
         await asyncio.gather(*(stop_process(p) for p in started))
-
-
-async def _wait_for_final_operation(
-    sidecar: SidecarProcess, topic: str, within_s: float
-) -> dict[str, object]:
-    deadline = time.monotonic() + within_s
-    while True:
-        description = await sidecar.describe(topic)
-        operation = description["operation"]
-        if isinstance(operation, dict) and operation["phase"] in ("done", "rolled_back"):
-            return description
-        assert time.monotonic() < deadline, f"the change never finished: {operation}"
-        await asyncio.sleep(0.2)
 
 
 async def test_three_processes_through_random_changes(cluster: ClusterEndpoints) -> None:
@@ -112,7 +100,7 @@ async def test_a_coordinator_killed_at_any_step_leaves_no_one_held(
             with pytest.raises(aiohttp.ClientError):
                 await victim.change_count(topic, 4)
             assert await asyncio.wait_for(victim.process.wait(), 10) == -9
-            description = await _wait_for_final_operation(survivors[0], topic, within_s=30)
+            description = await wait_for_final_operation(survivors[0], topic, within_s=30)
             # Everyone routes again: a produce through each survivor goes straight through.
             for survivor in survivors:
                 began = time.monotonic()

@@ -36,6 +36,7 @@ from kazoo.client import KazooClient
 from sidecar.devcluster.cluster import LocalCluster
 from sidecar.devcluster.provider import ClusterEndpoints
 from sidecar.server import SidecarServer
+from tests.integration.consumers import serve_callbacks
 from tests.integration.ledger import (
     Ledger,
     check_order,
@@ -53,6 +54,7 @@ from tests.integration.sidecars import (
     start_process,
     stop_process,
     unique,
+    wait_for_final_operation,
 )
 
 HELD_OR_UNAVAILABLE = {(503, 50330), (503, 50320)}
@@ -121,17 +123,6 @@ async def _first_delivery(ledger: Ledger, within_s: float = 30.0) -> None:
     while not ledger.delivered:
         assert time.monotonic() < deadline, f"nothing delivered; poll errors {ledger.poll_errors}"
         await asyncio.sleep(0.1)
-
-
-async def _final_operation(sidecar: SidecarClient, topic: str, within_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + within_s
-    while True:
-        description = await sidecar.describe(topic)
-        operation = description["operation"]
-        if isinstance(operation, dict) and operation["phase"] in ("done", "rolled_back"):
-            return description
-        assert time.monotonic() < deadline, f"the change never finished: {operation}"
-        await asyncio.sleep(0.2)
 
 
 @dataclass
@@ -410,7 +401,7 @@ async def test_zookeeper_restarted_while_a_barrier_is_pending(cluster: ClusterEn
             status, body = await asyncio.wait_for(change, 30)
             # The coordinator may answer that ZooKeeper went away (503, retriable); the
             # change must end all the same, by the barrier deadline (20 s) at the latest.
-            description = await _final_operation(coordinator, topic, within_s=25)
+            description = await wait_for_final_operation(coordinator, topic, within_s=25)
             assert description["pending"] is None
             await load.stop_producers()
             await _nobody_held(sidecars, topic, load.ledger)
@@ -485,7 +476,7 @@ async def test_a_sidecar_killed_while_holding_produces(cluster: ClusterEndpoints
             for task in held:
                 with pytest.raises(aiohttp.ClientError):
                     await task
-            description = await _final_operation(survivor, topic, within_s=30)
+            description = await wait_for_final_operation(survivor, topic, within_s=30)
             waited = time.monotonic() - coordinator_died
             await load.stop_producers()
             await _nobody_held(sidecars, topic, load.ledger)
@@ -545,13 +536,7 @@ class _SlowApp:
     _runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/handoff", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/handoff"
+        self._runner, self.url = await serve_callbacks(self._handle)
 
     async def stop(self) -> None:
         self.release.set()

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import re
 import shutil
 import socket
 import sys
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
@@ -112,3 +118,48 @@ def apply_patch(document: dict[str, Any], operations: list[Any]) -> dict[str, An
         else:
             target[last] = value
     return result
+
+
+@contextlib.asynccontextmanager
+async def running_prometheus(config: dict[str, Any], directory: Path) -> AsyncIterator[str]:
+    """Debian's Prometheus with ``config`` (its files and log in ``directory``), once it is
+    ready; its URL. Stopped at the end (terminated, killed after 20 s)."""
+    port = free_port()
+    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
+    log = (directory / "prometheus.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        require_tool("prometheus"),
+        f"--config.file={directory / 'prometheus.yml'}",
+        f"--storage.tsdb.path={directory / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        stdout=log,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(url) as session:
+            await _wait_until_ready(session, process)
+        yield url
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), timeout=20)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        log.close()
+
+
+async def _wait_until_ready(
+    session: aiohttp.ClientSession, process: asyncio.subprocess.Process
+) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.returncode is None, "prometheus exited at start (see its log)"
+        with contextlib.suppress(aiohttp.ClientError):
+            async with session.get("/-/ready") as response:
+                if response.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise AssertionError("prometheus was not ready within 30 s")

@@ -42,6 +42,7 @@ from tests.ops.support import (
     free_port,
     metric_names_in,
     require_tool,
+    running_prometheus,
     substitute_grafana_variables,
 )
 
@@ -253,25 +254,11 @@ async def query(session: aiohttp.ClientSession, expr: str) -> list[Any]:
     return result
 
 
-async def wait_until_ready(
-    session: aiohttp.ClientSession, process: asyncio.subprocess.Process
-) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert process.returncode is None, "prometheus exited at start (see its log)"
-        with contextlib.suppress(aiohttp.ClientError):
-            async with session.get("/-/ready") as response:
-                if response.status == 200:
-                    return
-        await asyncio.sleep(0.2)
-    raise AssertionError("prometheus was not ready within 30 s")
-
-
 @pytest.mark.integration
 async def test_every_panel_query_returns_series_from_a_real_prometheus(
     cluster: ClusterEndpoints, tmp_path: Path
 ) -> None:
-    prometheus = require_tool("prometheus")
+    require_tool("prometheus")  # fails here, before any cluster work, if it is missing
     app = CallbackApp(fail_first=1)  # one failed callback: the failures panel has a series
     await app.start()
     try:
@@ -284,7 +271,6 @@ async def test_every_panel_query_returns_series_from_a_real_prometheus(
             await sidecars[0].create_topic(
                 topic, 3, replication_factor=cluster.replication_factor, compacted=True
             )
-            port = free_port()
             config = {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                 "rule_files": [str(PROMETHEUS_DIR / "alerts.yml")],
@@ -298,30 +284,12 @@ async def test_every_panel_query_returns_series_from_a_real_prometheus(
                     {"job_name": "ordered-audit", "static_configs": [{"targets": [audit_target]}]},
                 ],
             }
-            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-            log = (tmp_path / "prometheus.log").open("wb")
-            process = await asyncio.create_subprocess_exec(
-                prometheus,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-            try:
-                async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
-                    await wait_until_ready(session, process)
-                    await exercise_the_sidecars(sidecars, topic, cluster, app.url)
-                    await check_queries(session, tmp_path)
-            finally:
-                if process.returncode is None:
-                    process.terminate()
-                try:
-                    await asyncio.wait_for(process.wait(), timeout=20)
-                except TimeoutError:
-                    process.kill()
-                    await process.wait()
-                log.close()
+            async with (
+                running_prometheus(config, tmp_path) as url,
+                aiohttp.ClientSession(url) as session,
+            ):
+                await exercise_the_sidecars(sidecars, topic, cluster, app.url)
+                await check_queries(session, tmp_path)
     finally:
         await app.stop()
 
