@@ -72,6 +72,9 @@ BUFFER_LIMIT = 2000
 AUTO_COMMIT_INTERVAL_S = 5.0
 METADATA_MAX_AGE_MS = 3000
 REVOKE_ACK_WAIT_S = 10.0
+Fetched = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+FETCH_GRACE_S = 0.05
+"""How much longer than its own timeout a poll waits for aiokafka's getmany."""
 CALLBACK_RETRY_S = 0.2
 
 
@@ -204,6 +207,10 @@ class ConsumerInstance:
         self._revoking: set[TopicPartition] = set()
         self._last_auto_commit = time.monotonic()
         self._http: aiohttp.ClientSession | None = None
+        self._fetching: (
+            asyncio.Future[dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]] | None
+        ) = None
+        """A getmany still waiting for a rebalance to end, taken up by the next poll."""
         self._notices: list[AssignmentNotice] = []
         self._told_assigned: set[TopicPartition] = set()
         """With ``assignment_events``: subscribed partitions whose partitions_assigned
@@ -304,8 +311,20 @@ class ConsumerInstance:
             consumer.pause(*paused)
         if len(paused) == len(assigned):
             return
+        # aiokafka's getmany waits, whatever its timeout, until a rebalance has ended, and
+        # a rebalance's listener may wait for the app to acknowledge keys_revoked events,
+        # which only this poll's response carries. So the poll waits for the fetch no
+        # longer than asked and leaves it running (not cancelled: aiokafka would lose
+        # count of its fetches); a later poll takes its records.
+        if self._fetching is None:
+            self._fetching = asyncio.ensure_future(consumer.getmany(timeout_ms=int(wait_s * 1000)))
+            self._fetching.add_done_callback(_retrieve_outcome)
+        done, _ = await asyncio.wait({self._fetching}, timeout=wait_s + FETCH_GRACE_S)
+        if not done:
+            return
+        fetching, self._fetching = self._fetching, None
         try:
-            batches = await consumer.getmany(timeout_ms=int(wait_s * 1000))
+            batches = fetching.result()
         except KafkaError as exc:
             raise KafkaUnavailable(f"fetching failed: {exc}") from exc
         for tp, records in batches.items():
@@ -910,6 +929,9 @@ class ConsumerInstance:
     async def close(self) -> None:
         for topic in {k[0] for k in self._waits}:
             await self._clear_waits(topic)
+        if self._fetching is not None:
+            self._fetching.cancel()  # it may wait for an assignment that never comes
+            self._fetching = None
         if self._consumer is not None:
             if self.config.auto_commit:
                 with contextlib.suppress(SidecarError, KafkaError):
@@ -1145,6 +1167,12 @@ def _delivered(record: ConsumerRecord[bytes, bytes]) -> Delivered:
         record.headers,
         record,
     )
+
+
+def _retrieve_outcome(future: asyncio.Future[Any]) -> None:
+    # A fetch left running when its instance closes ends with an error nobody awaits.
+    if not future.cancelled():
+        future.exception()
 
 
 def new_instance_name() -> str:
