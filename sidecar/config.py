@@ -41,13 +41,16 @@ class KafkaSettings:
     bootstrap_servers: str = "127.0.0.1:9092"
     client_id: str = "ordered-sidecar"
     request_timeout_ms: int = 30_000
+    transaction_timeout_ms: int = 20_000
+    """Kafka aborts a transaction of this sidecar left open longer (a paused process)."""
     client: Mapping[str, str | int | bool] = field(default_factory=dict)
     """Extra aiokafka client settings (security_protocol, sasl_*, ssl...), passed through."""
 
     def __repr__(self) -> str:
         return (
             f"KafkaSettings(bootstrap_servers={self.bootstrap_servers!r}, "
-            f"client_id={self.client_id!r}, client={_redacted(self.client)!r})"
+            f"client_id={self.client_id!r}, request_timeout_ms={self.request_timeout_ms}, "
+            f"client={_redacted(self.client)!r})"
         )
 
 
@@ -93,6 +96,11 @@ class FaultSettings:
 
     kill_after_phase: str = ""
     """SIGKILL this process right after it journals a change entering this phase."""
+    withhold_barrier_acks: bool = False
+    """Never ack a barrier, as a sidecar whose sends never settle: changes time out."""
+    stop_before_commit: int = 0
+    """SIGSTOP this process before committing its Nth transaction, once its records were
+    appended (0: never): a zombie with an open transaction, for the fencing tests."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +227,7 @@ def _validate(section: str, values: Any) -> None:
             raise ConfigError(f"faults.kill_after_phase is not a phase: {values.kill_after_phase}")
     if section == "zookeeper" and values.session_timeout_s <= 0:
         raise ConfigError("zookeeper.session_timeout_s must be positive")
+    if section == "kafka" and min(values.request_timeout_ms, values.transaction_timeout_ms) <= 0:
+        raise ConfigError(
+            "kafka.request_timeout_ms and kafka.transaction_timeout_ms must be positive"
+        )

@@ -81,6 +81,22 @@ class SidecarMetrics:
             ["topic"],
             registry=r,
         )
+        self.producers_fenced = Counter(
+            "sidecar_producers_fenced_total",
+            "Transactional ids this sidecar fenced as a change's coordinator (possible zombies).",
+            registry=r,
+        )
+        self.producer_incarnations = Counter(
+            "sidecar_producer_incarnations_total",
+            "Transactional producers this sidecar started (a new one per session or fence).",
+            registry=r,
+        )
+        self.transactions = Counter(
+            "sidecar_transactions_total",
+            "Transactions of managed-topic writes, by outcome (committed, failed, fenced).",
+            ["outcome"],
+            registry=r,
+        )
         self.admin_operations = Counter(
             "sidecar_admin_operations_total",
             "Admin operations, by kind (create, adopt, expand, shrink) and result.",

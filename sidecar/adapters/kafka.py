@@ -1,10 +1,13 @@
 """Everything the sidecar asks of Kafka: one asyncio adapter over aiokafka.
 
 Three long-lived clients: an idempotent producer (``acks="all"``, so a retry neither
-duplicates nor reorders a record within a partition), an admin client, and a consumer
-without a group, used for offset queries and to read back a send whose outcome is
-unknown. aiokafka errors come out as the ``sidecar.core.errors`` hierarchy; a send that
-fails comes out as ``SendFailed``, which says whether the record may have been appended.
+duplicates nor reorders a record within a partition) for unmanaged topics and the
+audit topic, an admin client, and a consumer without a group for offset queries. It
+reads with ``read_committed``, so the end offsets it reports are last stable offsets:
+what a change's boundaries are made of once every transaction writing there has ended.
+Managed topics are written through ``sidecar.adapters.transactions``. aiokafka errors
+come out as the ``sidecar.core.errors`` hierarchy; a send that fails comes out as
+``SendFailed``, which says whether the record may have been appended.
 
 Metadata of one topic is read with ``allow_auto_topic_creation=False``: aiokafka's own
 metadata requests ask for auto-creation (``protocol/metadata.py``, ``MetadataRequest``
@@ -29,9 +32,11 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     TopicAlreadyExistsError,
+    TransactionalIdAuthorizationFailed,
     UnknownTopicOrPartitionError,
     for_code,
 )
+from aiokafka.errors import ProducerFenced as KafkaProducerFenced
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.metadata import MetadataRequest
 
@@ -40,12 +45,12 @@ from sidecar.core.errors import (
     InvalidPartitionCount,
     KafkaFailure,
     KafkaUnavailable,
+    ProducerFenced,
     ShuttingDown,
     SidecarError,
     UnknownPartition,
     UnknownTopic,
 )
-from sidecar.core.placement import SEQUENCE_HEADER, SIDECAR_HEADER
 
 _log = logging.getLogger(__name__)
 
@@ -74,6 +79,8 @@ _SSL_KEYS = {
     "ssl_password": "password",
 }
 _RETRY_BACKOFF_S = 0.1
+FENCED_ERRORS = (KafkaProducerFenced, TransactionalIdAuthorizationFailed)
+"""After these a transactional id belongs to another producer (or to none): never retried."""
 _UNKNOWN_TOPIC_ERRNO = UnknownTopicOrPartitionError.errno
 
 
@@ -96,13 +103,18 @@ class SendFailed(Exception):
     """A send known to have failed (``maybe_appended`` False) or whose outcome is unknown.
 
     ``maybe_appended`` is True when the request may have reached the broker (a timeout,
-    a lost connection): the record may still be appended, later, in order.
+    a lost connection): the record may still be appended, later, in order. ``retriable``
+    is False when Kafka refused the record itself (too large, not authorised).
     """
 
-    def __init__(self, message: str, *, maybe_appended: bool) -> None:
+    def __init__(
+        self, message: str, *, maybe_appended: bool, retriable: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.maybe_appended = maybe_appended
+        self.retriable = maybe_appended if retriable is None else retriable
+        """Sending the record again is what the client should do (nothing was refused)."""
 
 
 class TopicExists(Exception):
@@ -124,15 +136,13 @@ class KafkaGateway:
         self._timeout_s = settings.request_timeout_ms / 1000
         self._clients: _Clients | None = None
         self._stopped = False
-        # Reading back a record moves the shared consumer's assignment: one at a time.
-        self._reader_lock = asyncio.Lock()
 
     # Life cycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Connect all clients. Raises KafkaUnavailable if the cluster does not answer
         within the request timeout."""
-        common, producer_extra = self._client_settings()
+        common, producer_extra = client_settings(self._settings)
         producer = AIOKafkaProducer(**common, **producer_extra, acks="all", enable_idempotence=True)
         admin = AIOKafkaAdminClient(**common)
         consumer = AIOKafkaConsumer(
@@ -140,7 +150,7 @@ class KafkaGateway:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            isolation_level="read_uncommitted",
+            isolation_level="read_committed",
         )
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -214,15 +224,6 @@ class KafkaGateway:
             await asyncio.wait(pending, timeout=self._timeout_s)
         return [self._outcome(d) for d in deliveries]
 
-    async def flush(self) -> None:
-        """Wait until every queued record has been delivered or refused.
-
-        With idempotence aiokafka retries a batch for as long as its error is
-        retriable, even after the record's future timed out: a send reported as
-        ``maybe_appended`` may still land. Once flush returns, it no longer can.
-        """
-        await self._require().producer.flush()
-
     # ``timeout`` bounds a polling loop over shared metadata; nothing to cancel.
     async def wait_for_partition_count(
         self,
@@ -234,16 +235,7 @@ class KafkaGateway:
 
         Raises KafkaUnavailable on timeout.
         """
-        client = self._require().producer.client
-        client.add_topic(topic)
-        deadline = time.monotonic() + timeout
-        while len(client.cluster.partitions_for_topic(topic) or ()) < count:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise KafkaUnavailable(
-                    f"the producer's metadata does not show {count} partitions of {topic}"
-                )
-            await _refresh(client, remaining)
+        await await_partition_count(self._require().producer.client, topic, count, timeout)
 
     async def _await_partition(self, topic: str, partition: int) -> None:
         client = self._require().producer.client
@@ -306,6 +298,21 @@ class KafkaGateway:
         # error) may follow an attempt that reached the broker.
         refused = isinstance(exc, BrokerResponseError) and not exc.retriable
         return SendFailed(str(exc), maybe_appended=not refused)
+
+    async def fence_producer(self, transactional_id: str) -> None:
+        """Fence whoever writes with ``transactional_id``: initialise it (which bumps its
+        epoch, and completes or aborts its open transaction before it answers), then
+        close again. Raises KafkaUnavailable."""
+        began = time.monotonic()
+        try:
+            producer = await start_transactional_producer(self._settings, transactional_id)
+        except ProducerFenced:
+            return  # initialised by someone after us: fenced all the same
+        try:
+            await asyncio.wait_for(producer.stop(), self._timeout_s)
+        except (KafkaError, TimeoutError) as exc:
+            _log.info("closing the fencing producer of %s: %s", transactional_id, exc)
+        _log.info("fenced %s in %.0f ms", transactional_id, 1000 * (time.monotonic() - began))
 
     # Topics -------------------------------------------------------------------------------
 
@@ -420,7 +427,8 @@ class KafkaGateway:
     # Offsets ------------------------------------------------------------------------------
 
     async def end_offsets(self, topic: str, count: int) -> list[int]:
-        """High watermarks of partitions 0..count-1 (read_uncommitted).
+        """Last stable offsets of partitions 0..count-1: the high watermark, or the first
+        offset of a transaction still open there.
 
         Raises KafkaUnavailable (also when a partition does not exist), KafkaFailure.
         """
@@ -483,43 +491,6 @@ class KafkaGateway:
             if tp.topic == topic and meta.offset >= 0
         }
 
-    async def find_sent(
-        self, topic: str, partition: int, start: int, sidecar_id: str, sequence: int
-    ) -> int | None:
-        """Offset of the record this sidecar sent with ``sequence``, searched from
-        ``start`` to the current high watermark; None if it is not there.
-
-        Raises KafkaUnavailable (not read within the request timeout), KafkaFailure.
-        """
-        wanted = {(SIDECAR_HEADER, sidecar_id.encode()), (SEQUENCE_HEADER, str(sequence).encode())}
-        tp = TopicPartition(topic, partition)
-        consumer = self._require().consumer
-        async with self._reader_lock:
-            ends = await self._retrying(
-                lambda: consumer.end_offsets([tp]), f"end offset of {topic}[{partition}]"
-            )
-            end = int(ends[tp])
-            if start >= end:
-                return None
-            consumer.assign([tp])
-            consumer.seek(tp, start)
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    while await consumer.position(tp) < end:
-                        batch = await consumer.getmany(tp, timeout_ms=1000)
-                        for record in batch.get(tp, []):
-                            if record.offset >= end:
-                                return None
-                            if wanted <= set(record.headers):
-                                return int(record.offset)
-            except TimeoutError as exc:
-                raise KafkaUnavailable(f"reading back {topic}[{partition}] timed out") from exc
-            except KafkaError as exc:
-                raise _translated(exc, f"reading back {topic}[{partition}]") from exc
-            finally:
-                consumer.unsubscribe()
-        return None
-
     # Helpers ------------------------------------------------------------------------------
 
     def _require(self) -> _Clients:
@@ -542,28 +513,76 @@ class KafkaGateway:
                     raise KafkaUnavailable(f"{what}: {exc}") from exc
             await asyncio.sleep(_RETRY_BACKOFF_S)
 
-    def _client_settings(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(settings for every client, extra settings for the producer only)."""
-        common: dict[str, Any] = {
-            "bootstrap_servers": self._settings.bootstrap_servers,
-            "client_id": self._settings.client_id,
-            "request_timeout_ms": self._settings.request_timeout_ms,
-        }
-        producer: dict[str, Any] = {}
-        ssl: dict[str, Any] = {}
-        for name, value in self._settings.client.items():
-            if name in _SSL_KEYS:
-                ssl[_SSL_KEYS[name]] = value
-            elif name in _CONNECTION_KEYS:
-                common[name] = value
-            elif name in ("acks", "enable_idempotence"):
-                # Ordering across retries depends on both; they are not settings.
-                _log.warning("ignoring kafka.client.%s: the sidecar needs its own value", name)
-            else:
-                producer[name] = value
-        if ssl:
-            common["ssl_context"] = create_ssl_context(**ssl)
-        return common, producer
+
+def client_settings(settings: KafkaSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(settings for every aiokafka client, extra settings for producers only)."""
+    common: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "client_id": settings.client_id,
+        "request_timeout_ms": settings.request_timeout_ms,
+    }
+    producer: dict[str, Any] = {}
+    ssl: dict[str, Any] = {}
+    for name, value in settings.client.items():
+        if name in _SSL_KEYS:
+            ssl[_SSL_KEYS[name]] = value
+        elif name in _CONNECTION_KEYS:
+            common[name] = value
+        elif name in ("acks", "enable_idempotence", "transactional_id"):
+            # Ordering and fencing depend on these: they are not settings.
+            _log.warning("ignoring kafka.client.%s: the sidecar needs its own value", name)
+        else:
+            producer[name] = value
+    if ssl:
+        common["ssl_context"] = create_ssl_context(**ssl)
+    return common, producer
+
+
+async def start_transactional_producer(settings: KafkaSettings, transactional_id: str) -> Any:
+    """A started producer for ``transactional_id``; starting it fences every earlier
+    producer of the id. Raises ProducerFenced (someone initialised it meanwhile, or it
+    is not authorised), KafkaUnavailable."""
+    common, producer_extra = client_settings(settings)
+    producer = AIOKafkaProducer(
+        **common,
+        **producer_extra,
+        transactional_id=transactional_id,
+        transaction_timeout_ms=settings.transaction_timeout_ms,
+    )
+    timeout_s = settings.request_timeout_ms / 1000
+    try:
+        async with asyncio.timeout(timeout_s):
+            await producer.start()
+    except FENCED_ERRORS as exc:
+        await _close_all(producer)
+        raise ProducerFenced(f"transactional id {transactional_id}: {exc}") from exc
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await _close_all(producer)
+        reason = str(exc) or f"no answer within {timeout_s:g} s"
+        message = f"initialising transactional id {transactional_id}: {reason}"
+        raise KafkaUnavailable(message) from exc
+    return producer
+
+
+# ``timeout`` bounds a polling loop over shared metadata; nothing to cancel.
+async def await_partition_count(
+    client: Any,
+    topic: str,
+    count: int,
+    timeout: float,  # noqa: ASYNC109
+) -> None:
+    """Wait until an aiokafka client's metadata shows at least ``count`` partitions of
+    ``topic`` (a client knows of a new partition only at its next metadata refresh).
+
+    Raises KafkaUnavailable on timeout.
+    """
+    client.add_topic(topic)
+    deadline = time.monotonic() + timeout
+    while len(client.cluster.partitions_for_topic(topic) or ()) < count:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise KafkaUnavailable(f"the metadata does not show {count} partitions of {topic}")
+        await _refresh(client, remaining)
 
 
 def _partitions(topic: str, count: int) -> list[Any]:

@@ -3,7 +3,12 @@
 Znodes, under a configurable root (default ``/ordered``); every value is UTF-8 JSON
 in the shapes of ``sidecar.core.serialization``::
 
-    <root>/sidecars/<id>                     ephemeral: a live sidecar's info
+    <root>/sidecars/<id>                     ephemeral: a live sidecar's info, with the
+                                             transactional id it writes with now
+    <root>/producers/<transactional id>      {"sidecar": id}: every transactional id a
+                                             sidecar registered and has not retired; the
+                                             ones no live sidecar names are fenced by the
+                                             next change (DESIGN §5)
     <root>/topics/<t>                        {"config": ..., "current_generation": g}
     <root>/topics/<t>/generations/<g>        a committed generation; g as %010d
     <root>/topics/<t>/partitions             {"modes": [...], "delete_after": [float|null, ...]}
@@ -58,7 +63,7 @@ from sidecar.core.errors import (
     UnknownTopic,
 )
 from sidecar.core.generations import Generation, PartitionMode
-from sidecar.core.procedures import Operation, SessionState, SidecarId
+from sidecar.core.procedures import Operation, SessionState, SidecarId, TransactionalId
 from sidecar.core.serialization import (
     config_from_json,
     config_to_json,
@@ -109,7 +114,7 @@ class MetadataStore:
         self._state = SessionState.LOST
         self._state_events_seen = False
         self._listeners: list[Callable[[SessionState], None]] = []
-        self._registrations: dict[str, bytes] = {}
+        self._registrations: dict[str, tuple[bytes, TransactionalId | None]] = {}
         self._reregister_needed = False
         self._stopped = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -160,27 +165,103 @@ class MetadataStore:
         if state is SessionState.LOST:
             self._reregister_needed = True
         elif state is SessionState.CONNECTED and self._reregister_needed and not self._stopped:
-            self._spawn(self._reregister())
+            # Listeners hear of the new session only once the registrations are back: a
+            # sidecar must be registered before it re-reads anything and writes again.
+            self._spawn(self._reregister_then_notify())
+            return
+        self._notify(state)
+
+    def _notify(self, state: SessionState) -> None:
         for listener in list(self._listeners):
             listener(state)
 
-    async def _reregister(self) -> None:
+    async def _reregister_then_notify(self) -> None:
         # The expired session took the ephemeral registrations with it.
-        self._reregister_needed = False
-        try:
-            for sidecar_id, data in list(self._registrations.items()):
-                await self._run(self._create_ephemeral, self._sidecar_path(sidecar_id), data)
-        except MetadataUnavailable:
-            log.warning("re-registration failed; retrying at the next reconnect", exc_info=True)
-            self._reregister_needed = True
+        while self._state is SessionState.CONNECTED and not self._stopped:
+            try:
+                for sidecar_id, (data, transactional_id) in list(self._registrations.items()):
+                    await self._run(self._register, sidecar_id, data, transactional_id)
+            except MetadataUnavailable:
+                log.warning("re-registration failed; retrying", exc_info=True)
+                await asyncio.sleep(0.2)
+                continue
+            self._reregister_needed = False
+            if self._state is SessionState.CONNECTED:
+                self._notify(SessionState.CONNECTED)
+            return
 
     # Sidecars -------------------------------------------------------------------------
 
-    async def register_sidecar(self, sidecar_id: str, info: dict[str, Any]) -> None:
-        """Register a live sidecar (ephemeral; re-created after an expired session)."""
-        data = _encode(info)
-        self._registrations[sidecar_id] = data
-        await self._run(self._create_ephemeral, self._sidecar_path(sidecar_id), data)
+    async def register_sidecar(
+        self,
+        sidecar_id: str,
+        info: dict[str, Any],
+        transactional_id: TransactionalId | None = None,
+    ) -> None:
+        """Register a live sidecar (ephemeral; re-created after an expired session) and,
+        with ``transactional_id``, the producer it writes with (persistent, until fenced
+        or retired), in one transaction. Registering again replaces the info."""
+        data = _encode(info | {"transactional_id": transactional_id})
+        self._registrations[sidecar_id] = (data, transactional_id)
+        await self._run(self._register, sidecar_id, data, transactional_id)
+
+    def prepare_registration(
+        self, sidecar_id: str, info: dict[str, Any], transactional_id: TransactionalId | None
+    ) -> None:
+        """What to register for ``sidecar_id`` once a new session is up (no IO now)."""
+        data = _encode(info | {"transactional_id": transactional_id})
+        self._registrations[sidecar_id] = (data, transactional_id)
+
+    def _register(
+        self, sidecar_id: str, data: bytes, transactional_id: TransactionalId | None
+    ) -> None:
+        path = self._sidecar_path(sidecar_id)
+        for _ in range(_TRANSACTION_ATTEMPTS):
+            transaction = self._client.transaction()
+            stat = self._client.exists(path)
+            if stat is not None and stat.ephemeralOwner == self._client.client_id[0]:
+                transaction.set_data(path, data, version=stat.version)
+            else:
+                if stat is not None:
+                    # Left by an older session of ours that the server has not expired yet.
+                    transaction.delete(path, version=stat.version)
+                transaction.create(path, data, ephemeral=True)
+            if transactional_id is not None:
+                producer = self._producer_path(transactional_id)
+                if self._client.exists(producer) is None:
+                    transaction.create(producer, _encode({"sidecar": sidecar_id}))
+            try:
+                _commit(transaction)
+                return
+            except _RACE_ERRORS:
+                continue
+        raise MetadataUnavailable(f"registering {sidecar_id} kept racing")
+
+    async def registered_producers(self) -> frozenset[TransactionalId]:
+        """Every transactional id registered and not yet fenced or retired."""
+        children = await self._run(self._client.get_children, f"{self._root}/producers")
+        return frozenset(TransactionalId(child) for child in children)
+
+    async def live_producers(self) -> frozenset[TransactionalId]:
+        """The transactional ids the live sidecars' registrations name now."""
+        return await self._run(self._live_producers)
+
+    def _live_producers(self) -> frozenset[TransactionalId]:
+        owned: set[TransactionalId] = set()
+        for child in self._client.get_children(f"{self._root}/sidecars"):
+            raw = self._get_json(self._sidecar_path(child))
+            if isinstance(raw, dict) and isinstance(raw.get("transactional_id"), str):
+                owned.add(TransactionalId(raw["transactional_id"]))
+        return frozenset(owned)
+
+    async def forget_producers(self, transactional_ids: tuple[TransactionalId, ...]) -> None:
+        """Drop fenced or retired transactional ids from the registry (idempotent)."""
+        await self._run(self._forget_producers, transactional_ids)
+
+    def _forget_producers(self, transactional_ids: tuple[TransactionalId, ...]) -> None:
+        for transactional_id in transactional_ids:
+            with suppress(NoNodeError):
+                self._client.delete(self._producer_path(transactional_id))
 
     async def live_sidecars(self) -> frozenset[SidecarId]:
         children = await self._run(self._client.get_children, f"{self._root}/sidecars")
@@ -229,19 +310,6 @@ class MetadataStore:
             if wait_topic == topic:
                 highest[int(source)] = max(highest.get(int(source), 0), int(boundary))
         return highest
-
-    def _create_ephemeral(self, path: str, data: bytes) -> None:
-        try:
-            self._client.create(path, data, ephemeral=True)
-        except NodeExistsError:
-            stat = self._client.exists(path)
-            if stat is not None and stat.ephemeralOwner == self._client.client_id[0]:
-                self._client.set(path, data)
-                return
-            # Left by an older session of ours that the server has not expired yet.
-            with suppress(NoNodeError):
-                self._client.delete(path)
-            self._client.create(path, data, ephemeral=True)
 
     # Topics ---------------------------------------------------------------------------
 
@@ -552,7 +620,7 @@ class MetadataStore:
         task.add_done_callback(self._tasks.discard)
 
     def _ensure_layout(self) -> None:
-        for child in ("sidecars", "topics", "ops", "locks", "groups"):
+        for child in ("sidecars", "producers", "topics", "ops", "locks", "groups"):
             self._client.ensure_path(f"{self._root}/{child}")
 
     def _delete_tree(self, path: str) -> None:
@@ -585,6 +653,9 @@ class MetadataStore:
 
     def _ops_path(self, topic: str) -> str:
         return f"{self._root}/ops/{topic}"
+
+    def _producer_path(self, transactional_id: str) -> str:
+        return f"{self._root}/producers/{transactional_id}"
 
 
 def _acquire(lock: Any, timeout: float) -> bool:

@@ -234,6 +234,16 @@ class KafkaUnavailable(SidecarError):
     default_message = "kafka unavailable"
 
 
+class ProducerFenced(SidecarError):
+    """This sidecar's transactional producer was fenced (a coordinator took it for a
+    zombie); nothing of the request became visible, and the sidecar is re-registering."""
+
+    http_status = 503
+    error_code = 50350
+    retriable = True
+    default_message = "this sidecar's producer was fenced; it is re-registering"
+
+
 class KafkaFailure(SidecarError):
     """A non-retriable Kafka error."""
 

@@ -3,15 +3,22 @@
 Coordinator (one per topic at a time, under a lock). The operation record is the
 journal: the caller persists the record returned by ``step`` *before* it runs the
 actions, so a coordinator that dies anywhere is resumed from the stored record by
-the next one (``resume``), and every action is idempotent.
+the next one (``resume``), and every action is idempotent. ``TRANSITIONS`` below is
+the table the code runs:
 
     phase                 observation              next phase           action(s)
     ------------------    ---------------------    ------------------   -----------------------
     CREATING_PARTITIONS   PartitionsCreated        BARRIER              PublishBarrier
     CREATING_PARTITIONS   Failed                   ROLLING_BACK         RemoveBarrier
-    BARRIER               BarrierProgress(all)     READING_BOUNDARIES   ReadHighWatermarks
+    BARRIER               BarrierProgress(all)     FENCING              FenceProducers
+                            (stale producers)
+    BARRIER               BarrierProgress(all)     READING_BOUNDARIES   ReadStableOffsets
+                            (none stale)
     BARRIER               BarrierProgress(late)    ROLLING_BACK         RemoveBarrier
-    READING_BOUNDARIES    HighWatermarks           COMMITTING           CommitGeneration
+    BARRIER               Failed                   ROLLING_BACK         RemoveBarrier
+    FENCING               ProducersFenced          READING_BOUNDARIES   ReadStableOffsets
+    FENCING               Failed                   ROLLING_BACK         RemoveBarrier
+    READING_BOUNDARIES    StableOffsets            COMMITTING           CommitGeneration
     COMMITTING            Committed                DONE                 -
     ROLLING_BACK          RolledBack               ROLLED_BACK          -
 
@@ -19,8 +26,19 @@ A shrink starts in BARRIER (no partitions to create). Rules the table enforces:
 an observation that does not fit the phase is refused (``UnexpectedObservation``);
 DONE and ROLLED_BACK are final; the barrier is only passed when *every live*
 sidecar has acked (a sidecar whose session expired is not live); a boundary is at
-least one past the last offset any sidecar reported acknowledged, because the high
-watermark can trail an appended record.
+least one past the last offset any sidecar reported acknowledged, because the last
+stable offset can trail a committed record.
+
+Fencing (the zombie argument). A sidecar whose session expired is not waited for,
+but it may still be running: paused (GC, a frozen VM, SIGSTOP), it notices nothing
+and on resuming sends what it had admitted, across a barrier it never saw. So the
+storage must refuse it: every sidecar writes managed topics through a Kafka
+transactional producer whose transactional id it registers in ZooKeeper, and before
+the boundaries are read the coordinator fences every registered id that no live,
+acking sidecar owns (``FenceProducers``: initialising a producer with that id bumps
+its epoch and aborts its open transaction). Whatever the zombie sends afterwards is
+rejected; what it sent before is committed below the boundaries or aborted, and
+boundaries are read as last stable offsets, after the fence.
 
 Participant (every sidecar, per managed topic). It decides whether a produce may be
 routed now, with which generation, and when the sidecar may ack a barrier: only when
@@ -29,7 +47,7 @@ every send made under the old generation is known to have landed or known not to
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NewType
@@ -43,6 +61,7 @@ from sidecar.core.errors import (
 from sidecar.core.generations import Boundary, Generation, GenerationLog
 
 SidecarId = NewType("SidecarId", str)
+TransactionalId = NewType("TransactionalId", str)
 
 MAX_PARTITION_COUNT = 10_000
 """Refuse absurd targets early; Kafka itself allows more but no test or app here needs it."""
@@ -56,6 +75,7 @@ class OperationKind(StrEnum):
 class Phase(StrEnum):
     CREATING_PARTITIONS = "creating_partitions"
     BARRIER = "barrier"
+    FENCING = "fencing"
     READING_BOUNDARIES = "reading_boundaries"
     COMMITTING = "committing"
     ROLLING_BACK = "rolling_back"
@@ -64,6 +84,8 @@ class Phase(StrEnum):
 
 
 FINAL_PHASES = frozenset({Phase.DONE, Phase.ROLLED_BACK})
+BEFORE_COMMIT = frozenset({Phase.CREATING_PARTITIONS, Phase.BARRIER, Phase.FENCING})
+"""Phases a change may still be rolled back from: nothing of the new generation exists."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +107,8 @@ class Operation:
     """Boundaries of the generation being replaced: a new boundary never moves back."""
     acked_floor: tuple[int, ...] = ()
     """Per partition: one past the highest offset any sidecar reported acknowledged."""
+    fenced: tuple[TransactionalId, ...] = ()
+    """Transactional ids fenced before the boundaries were read (no live sidecar owned them)."""
     boundaries: tuple[Boundary, ...] = ()
     delete_after_seconds: float | None = None
     outcome: str = ""
@@ -117,10 +141,21 @@ class BarrierProgress:
     acks: Mapping[SidecarId, Mapping[int, int]]
     """Each acking sidecar's highest acknowledged offset + 1 per partition."""
     now: float
+    registered: frozenset[TransactionalId] = frozenset()
+    """Every transactional id registered by a sidecar (read before ``live``)."""
+    live_producers: frozenset[TransactionalId] = frozenset()
+    """The transactional ids the live sidecars' registrations name."""
 
 
 @dataclass(frozen=True, slots=True)
-class HighWatermarks:
+class ProducersFenced:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StableOffsets:
+    """Last stable offsets (the high watermark once no transaction is open), per partition."""
+
     offsets: Sequence[int]
     leader_epochs: Sequence[int | None]
 
@@ -135,7 +170,15 @@ class RolledBack:
     pass
 
 
-Observation = PartitionsCreated | Failed | BarrierProgress | HighWatermarks | Committed | RolledBack
+Observation = (
+    PartitionsCreated
+    | Failed
+    | BarrierProgress
+    | ProducersFenced
+    | StableOffsets
+    | Committed
+    | RolledBack
+)
 
 
 # Actions the coordinator asks the caller to run ----------------------------------------
@@ -155,7 +198,15 @@ class PublishBarrier:
 
 
 @dataclass(frozen=True, slots=True)
-class ReadHighWatermarks:
+class FenceProducers:
+    """Initialise a producer with each id (bumping its epoch), then forget the ids."""
+
+    topic: str
+    transactional_ids: tuple[TransactionalId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadStableOffsets:
     topic: str
     physical_count: int
 
@@ -172,7 +223,14 @@ class RemoveBarrier:
     pending_generation: int
 
 
-Action = CreatePartitions | PublishBarrier | ReadHighWatermarks | CommitGeneration | RemoveBarrier
+Action = (
+    CreatePartitions
+    | PublishBarrier
+    | FenceProducers
+    | ReadStableOffsets
+    | CommitGeneration
+    | RemoveBarrier
+)
 
 
 def plan_change(
@@ -235,22 +293,22 @@ def validate_shrink(log: GenerationLog, target_count: int) -> None:
         )
 
 
+_PHASE_ACTIONS: dict[Phase, Callable[[Operation], list[Action]]] = {
+    Phase.CREATING_PARTITIONS: lambda op: [CreatePartitions(op.topic, op.physical_count)],
+    Phase.BARRIER: lambda op: [PublishBarrier(op.topic, op.pending_generation, op.target_count)],
+    Phase.FENCING: lambda op: [FenceProducers(op.topic, op.fenced)],
+    Phase.READING_BOUNDARIES: lambda op: [ReadStableOffsets(op.topic, op.physical_count)],
+    Phase.COMMITTING: lambda op: [CommitGeneration(op.topic, _generation_of(op))],
+    Phase.ROLLING_BACK: lambda op: [RemoveBarrier(op.topic, op.pending_generation)],
+    Phase.DONE: lambda op: [],
+    Phase.ROLLED_BACK: lambda op: [],
+}
+"""What each phase does; ``resume`` repeats it (every action is idempotent)."""
+
+
 def resume(operation: Operation) -> list[Action]:
     """The (idempotent) actions that carry a stored operation forward from its phase."""
-    topic = operation.topic
-    match operation.phase:
-        case Phase.CREATING_PARTITIONS:
-            return [CreatePartitions(topic, operation.physical_count)]
-        case Phase.BARRIER:
-            return [PublishBarrier(topic, operation.pending_generation, operation.target_count)]
-        case Phase.READING_BOUNDARIES:
-            return [ReadHighWatermarks(topic, operation.physical_count)]
-        case Phase.COMMITTING:
-            return [CommitGeneration(topic, _generation_of(operation))]
-        case Phase.ROLLING_BACK:
-            return [RemoveBarrier(topic, operation.pending_generation)]
-        case Phase.DONE | Phase.ROLLED_BACK:
-            return []
+    return _PHASE_ACTIONS[operation.phase](operation)
 
 
 def step(operation: Operation, observation: Observation) -> tuple[Operation, list[Action]]:
@@ -259,25 +317,13 @@ def step(operation: Operation, observation: Observation) -> tuple[Operation, lis
     Returns the new record (persist it first) and the actions to run. Raises
     UnexpectedObservation if the phase does not accept ``observation``.
     """
-    phase = operation.phase
-    match observation:
-        case PartitionsCreated(physical_count) if phase is Phase.CREATING_PARTITIONS:
-            if physical_count < operation.target_count:
-                raise UnexpectedObservation(
-                    f"{physical_count} partitions exist, {operation.target_count} needed"
-                )
-            return _to(replace(operation, physical_count=physical_count), Phase.BARRIER)
-        case Failed(reason) if phase in (Phase.CREATING_PARTITIONS, Phase.BARRIER):
-            return _to(replace(operation, outcome=reason), Phase.ROLLING_BACK)
-        case BarrierProgress() if phase is Phase.BARRIER:
-            return _barrier_progress(operation, observation)
-        case HighWatermarks() if phase is Phase.READING_BOUNDARIES:
-            return _to(_with_boundaries(operation, observation), Phase.COMMITTING)
-        case Committed() if phase is Phase.COMMITTING:
-            return _to(replace(operation, outcome="committed"), Phase.DONE)
-        case RolledBack() if phase is Phase.ROLLING_BACK:
-            return _to(operation, Phase.ROLLED_BACK)
-    raise UnexpectedObservation(f"{type(observation).__name__} in phase {phase}")
+    transition = TRANSITIONS.get((operation.phase, type(observation)))
+    if transition is None:
+        raise UnexpectedObservation(f"{type(observation).__name__} in phase {operation.phase}")
+    moved = transition(operation, observation)
+    if moved.phase is operation.phase:
+        return moved, []
+    return moved, resume(moved)
 
 
 def missing_acks(operation: Operation, progress: BarrierProgress) -> frozenset[SidecarId]:
@@ -285,48 +331,96 @@ def missing_acks(operation: Operation, progress: BarrierProgress) -> frozenset[S
     return frozenset(progress.live - progress.acks.keys())
 
 
-def _barrier_progress(
-    operation: Operation, progress: BarrierProgress
-) -> tuple[Operation, list[Action]]:
-    if not missing_acks(operation, progress):
+def stale_producers(progress: BarrierProgress) -> tuple[TransactionalId, ...]:
+    """Registered transactional ids no live sidecar owns: the possible zombies."""
+    return tuple(sorted(progress.registered - progress.live_producers))
+
+
+def _partitions_created(operation: Operation, observation: Observation) -> Operation:
+    assert isinstance(observation, PartitionsCreated)
+    if observation.physical_count < operation.target_count:
+        raise UnexpectedObservation(
+            f"{observation.physical_count} partitions exist, {operation.target_count} needed"
+        )
+    return replace(operation, physical_count=observation.physical_count, phase=Phase.BARRIER)
+
+
+def _failed(operation: Operation, observation: Observation) -> Operation:
+    assert isinstance(observation, Failed)
+    return replace(operation, outcome=observation.reason, phase=Phase.ROLLING_BACK)
+
+
+def _barrier_progress(operation: Operation, observation: Observation) -> Operation:
+    assert isinstance(observation, BarrierProgress)
+    if not missing_acks(operation, observation):
         floor = [0] * operation.physical_count
-        for acked in progress.acks.values():
+        for acked in observation.acks.values():
             for partition, next_offset in acked.items():
                 if 0 <= partition < len(floor):
                     floor[partition] = max(floor[partition], next_offset)
-        return _to(replace(operation, acked_floor=tuple(floor)), Phase.READING_BOUNDARIES)
-    if progress.now >= operation.barrier_deadline:
-        missing = ", ".join(sorted(missing_acks(operation, progress)))
-        return _to(
-            replace(operation, outcome=f"barrier timed out waiting for {missing}"),
-            Phase.ROLLING_BACK,
+        fenced = stale_producers(observation)
+        return replace(
+            operation,
+            acked_floor=tuple(floor),
+            fenced=fenced,
+            phase=Phase.FENCING if fenced else Phase.READING_BOUNDARIES,
         )
-    return operation, []
+    if observation.now >= operation.barrier_deadline:
+        missing = ", ".join(sorted(missing_acks(operation, observation)))
+        return replace(
+            operation,
+            outcome=f"barrier timed out waiting for {missing}",
+            phase=Phase.ROLLING_BACK,
+        )
+    return operation
 
 
-def _with_boundaries(operation: Operation, marks: HighWatermarks) -> Operation:
-    if len(marks.offsets) < operation.physical_count:
+def _with_boundaries(operation: Operation, observation: Observation) -> Operation:
+    assert isinstance(observation, StableOffsets)
+    if len(observation.offsets) < operation.physical_count:
         raise UnexpectedObservation(
-            f"{len(marks.offsets)} high watermarks for {operation.physical_count} partitions"
+            f"{len(observation.offsets)} stable offsets for {operation.physical_count} partitions"
         )
     boundaries = []
     for partition in range(operation.physical_count):
-        # The high watermark can trail a record some sidecar already saw acknowledged,
-        # or (after a leader change) even the previous boundary: take the largest.
+        # The stable offset can trail a record some sidecar already saw committed (the
+        # transaction marker is written after the commit returns), or, after a leader
+        # change, even the previous boundary: take the largest.
         floors = (operation.acked_floor, operation.previous_boundaries)
         floor = max((f[partition] for f in floors if partition < len(f)), default=0)
-        epoch = marks.leader_epochs[partition] if partition < len(marks.leader_epochs) else None
-        boundaries.append(Boundary(max(marks.offsets[partition], floor), epoch))
-    return replace(operation, boundaries=tuple(boundaries))
+        epochs = observation.leader_epochs
+        epoch = epochs[partition] if partition < len(epochs) else None
+        boundaries.append(Boundary(max(observation.offsets[partition], floor), epoch))
+    return replace(operation, boundaries=tuple(boundaries), phase=Phase.COMMITTING)
+
+
+def _to(phase: Phase, outcome: str | None = None) -> Callable[[Operation, Observation], Operation]:
+    def transition(operation: Operation, observation: Observation) -> Operation:
+        if outcome is None:
+            return replace(operation, phase=phase)
+        return replace(operation, phase=phase, outcome=outcome)
+
+    return transition
+
+
+TRANSITIONS: dict[
+    tuple[Phase, type[Observation]], Callable[[Operation, Observation], Operation]
+] = {
+    (Phase.CREATING_PARTITIONS, PartitionsCreated): _partitions_created,
+    (Phase.CREATING_PARTITIONS, Failed): _failed,
+    (Phase.BARRIER, BarrierProgress): _barrier_progress,
+    (Phase.BARRIER, Failed): _failed,
+    (Phase.FENCING, ProducersFenced): _to(Phase.READING_BOUNDARIES),
+    (Phase.FENCING, Failed): _failed,
+    (Phase.READING_BOUNDARIES, StableOffsets): _with_boundaries,
+    (Phase.COMMITTING, Committed): _to(Phase.DONE, "committed"),
+    (Phase.ROLLING_BACK, RolledBack): _to(Phase.ROLLED_BACK),
+}
+"""(phase, observation type) -> the record after it; the module docstring's table."""
 
 
 def _generation_of(operation: Operation) -> Generation:
     return Generation(operation.pending_generation, operation.target_count, operation.boundaries)
-
-
-def _to(operation: Operation, phase: Phase) -> tuple[Operation, list[Action]]:
-    moved = replace(operation, phase=phase)
-    return moved, resume(moved)
 
 
 # Participant ----------------------------------------------------------------------------
@@ -467,6 +561,11 @@ class Participant:
             barrier_acked=False,
             acked_next={},
         )
+
+    def producer_replaced(self) -> Participant:
+        """The sidecar's transactional producer was fenced and is being replaced under a
+        new registration: hold until the metadata has been re-read after it."""
+        return replace(self, metadata_fresh=False)
 
     def barrier_removed(self) -> Participant:
         """The change was rolled back: resume routing with the current generation."""

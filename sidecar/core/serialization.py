@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from sidecar.core.generations import Boundary, Generation, GenerationLog, PartitionMode
-from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
+from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId, TransactionalId
 from sidecar.core.topics import PendingBarrier, TopicConfig
 
 _T = TypeVar("_T")
@@ -107,6 +107,7 @@ def operation_to_json(operation: Operation) -> Json:
         "physical_count": operation.physical_count,
         "previous_boundaries": list(operation.previous_boundaries),
         "acked_floor": list(operation.acked_floor),
+        "fenced": list(operation.fenced),
         "boundaries": [[b.offset, b.leader_epoch] for b in operation.boundaries],
         "delete_after_seconds": operation.delete_after_seconds,
         "outcome": operation.outcome,
@@ -129,6 +130,8 @@ def operation_from_json(raw: Mapping[str, Any]) -> Operation:
             physical_count=_typed(raw["physical_count"], int),
             previous_boundaries=tuple(_typed(x, int) for x in raw["previous_boundaries"]),
             acked_floor=tuple(_typed(x, int) for x in raw["acked_floor"]),
+            # Absent from journals written before fencing existed.
+            fenced=tuple(TransactionalId(_typed(x, str)) for x in raw.get("fenced", [])),
             boundaries=tuple(_boundary(item) for item in raw["boundaries"]),
             delete_after_seconds=None if delete_after is None else _number(delete_after),
             outcome=_typed(raw["outcome"], str),

@@ -24,6 +24,7 @@ from sidecar.audit.emitter import AuditEmitter
 from sidecar.core.errors import OperationInProgress, SidecarError
 from sidecar.core.generations import PartitionMode, modes_after_commit
 from sidecar.core.procedures import (
+    BEFORE_COMMIT,
     FINAL_PHASES,
     Action,
     BarrierProgress,
@@ -31,17 +32,20 @@ from sidecar.core.procedures import (
     Committed,
     CreatePartitions,
     Failed,
-    HighWatermarks,
+    FenceProducers,
     Observation,
     Operation,
     OperationKind,
     PartitionsCreated,
     Phase,
+    ProducersFenced,
     PublishBarrier,
-    ReadHighWatermarks,
+    ReadStableOffsets,
     RemoveBarrier,
     RolledBack,
     SidecarId,
+    StableOffsets,
+    missing_acks,
     plan_change,
     resume,
     step,
@@ -236,9 +240,7 @@ class ChangeRunner:
                 return await self._run(operation, action)
             except (SidecarError, TimeoutError, OSError) as exc:
                 reason = exc.message if isinstance(exc, SidecarError) else repr(exc)
-                if operation.phase in (Phase.CREATING_PARTITIONS, Phase.BARRIER) and (
-                    time.time() >= operation.barrier_deadline
-                ):
+                if operation.phase in BEFORE_COMMIT and time.time() >= operation.barrier_deadline:
                     return Failed(f"{type(action).__name__} failed: {reason}")
                 _log.warning("%s of %s failed, retrying: %s", action, operation.topic, reason)
                 await asyncio.sleep(ACTION_RETRY_S)
@@ -255,10 +257,16 @@ class ChangeRunner:
             case PublishBarrier(topic, generation, target_count):
                 await self.store.publish_barrier(topic, PendingBarrier(generation, target_count))
                 return await self._await_barrier(operation)
-            case ReadHighWatermarks(topic, physical_count):
+            case FenceProducers(_, transactional_ids):
+                for transactional_id in transactional_ids:
+                    await self.kafka.fence_producer(transactional_id)
+                    self.metrics.producers_fenced.inc()
+                await self.store.forget_producers(transactional_ids)
+                return ProducersFenced()
+            case ReadStableOffsets(topic, physical_count):
                 offsets = await self.kafka.end_offsets(topic, physical_count)
                 epochs = await self.kafka.leader_epochs(topic, physical_count)
-                return HighWatermarks(offsets, epochs)
+                return StableOffsets(offsets, epochs)
             case CommitGeneration(topic, generation):
                 state = await self.store.read_topic(topic)
                 if state.current.number >= generation.number:
@@ -278,13 +286,7 @@ class ChangeRunner:
     async def _await_barrier(self, operation: Operation) -> Observation:
         while True:
             try:
-                progress = BarrierProgress(
-                    live=await self.store.live_sidecars(),
-                    acks=await self.store.barrier_acks(
-                        operation.topic, operation.pending_generation
-                    ),
-                    now=time.time(),
-                )
+                progress = await self._barrier_progress(operation)
             except SidecarError as exc:
                 # ZooKeeper away: nothing can be known about the acks; past the deadline
                 # the change is rolled back (which itself waits for ZooKeeper).
@@ -296,6 +298,27 @@ class ChangeRunner:
             if moved.phase is not Phase.BARRIER:
                 return progress
             await asyncio.sleep(BARRIER_POLL_S)
+
+    async def _barrier_progress(self, operation: Operation) -> BarrierProgress:
+        topic, generation = operation.topic, operation.pending_generation
+        progress = BarrierProgress(
+            live=await self.store.live_sidecars(),
+            acks=await self.store.barrier_acks(topic, generation),
+            now=time.time(),
+        )
+        if missing_acks(operation, progress):
+            return progress
+        # Everyone live has acked: which registered producers does no live sidecar own?
+        # The registry is read first: a sidecar registers before it writes, so an id
+        # registered after this read cannot have written under the old generation.
+        registered = await self.store.registered_producers()
+        return BarrierProgress(
+            live=await self.store.live_sidecars(),
+            acks=await self.store.barrier_acks(topic, generation),
+            now=time.time(),
+            registered=registered,
+            live_producers=await self.store.live_producers(),
+        )
 
 
 def _delete_after(

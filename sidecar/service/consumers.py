@@ -142,9 +142,28 @@ class PollResult:
 class _PartitionState:
     buffer: deque[ConsumerRecord[bytes, bytes]] = field(default_factory=deque)
     delivered: int | None = None
-    """Next offset after the last record released (or skipped) here; None: nothing yet."""
+    """Next offset after the last record released or skipped here (relocation tombstones,
+    and what a read-committed consumer never returns: transaction markers and aborted
+    records); None: nothing yet."""
+    released_to: int | None = None
+    """Next offset after the last record released to the app."""
+    fetched_to: int | None = None
+    """The consumer's position when the last fetch was taken into ``buffer``."""
     committed: int | None = None
     """What this instance last committed (or read as the group's committed offset)."""
+
+    def skip_invisible(self) -> None:
+        """Count the offsets the consumer skipped as delivered.
+
+        Managed topics are written in transactions: each one ends with a marker that
+        takes an offset, and a read-committed consumer never returns markers or aborted
+        records. A change's boundary lies past its last marker, so a group that commits
+        only "last record + 1" would never reach it. Everything below the buffer's head,
+        or with an empty buffer below the fetch position, was released or skipped.
+        """
+        head = self.buffer[0].offset if self.buffer else self.fetched_to
+        if head is not None and (self.delivered is None or head > self.delivered):
+            self.delivered = head
 
 
 class _PartitionCheck:
@@ -292,7 +311,7 @@ class ConsumerInstance:
             if state is None:
                 continue
             state.buffer.appendleft(record.source)
-            state.delivered = record.offset
+            state.delivered = state.released_to = record.offset
 
     async def _fetch(self, consumer: AIOKafkaConsumer, wait_s: float) -> None:
         assigned = consumer.assignment()
@@ -339,6 +358,17 @@ class ConsumerInstance:
                 state.buffer.extend(records)
                 continue
             state.buffer.extend(record for record in records if record.offset > seen)
+        # The positions moved with the records just taken (and past the markers and
+        # aborted records among and after them); nothing else moves them until the next
+        # fetch, so they are read here, once.
+        for tp in assigned:
+            taken = self._partitions.get(tp)
+            if taken is None:
+                continue  # revoked by a rebalance while the fetch ran
+            position = fetch_position(consumer, tp)
+            if position is not None:
+                taken.fetched_to = position
+            taken.skip_invisible()
 
     async def _release(self, max_bytes: int | None) -> PollResult:
         # A rebalance listener commits what was delivered only once no release runs, so
@@ -389,9 +419,10 @@ class ConsumerInstance:
                     full = True
                     break
                 state.buffer.popleft()
-                state.delivered = record.offset + 1
+                state.delivered = state.released_to = record.offset + 1
                 size += record_size
                 released.append(_delivered(record))
+            state.skip_invisible()
             # Counted once per partition and release: per record, the labelled metric
             # lookups cost as much as the rest of the release.
             self.consumers.metrics_delivered(tp, released[released_before:], runtime)
@@ -737,6 +768,7 @@ class ConsumerInstance:
                 for tp, state in self._partitions.items()
                 if state.delivered is not None
             }
+        widened = {}
         for tp, offset in offsets.items():
             state = self._partitions.get(tp)
             if state is None:
@@ -746,6 +778,11 @@ class ConsumerInstance:
                     f"offset {offset} of {tp.topic}[{tp.partition}] is beyond the delivered "
                     f"position {state.delivered if state.delivered is not None else 'none'}"
                 )
+            # The app names the last record it processed; what lies between it and the
+            # delivered position was never for the app (markers, aborted records,
+            # relocation tombstones), so the commit covers it too.
+            widened[tp] = state.delivered if offset == state.released_to else offset
+        offsets = widened
         to_commit: dict[TopicPartition, OffsetAndMetadata] = {}
         for tp, offset in offsets.items():
             await self._revoke_before(tp, offset)
@@ -954,6 +991,9 @@ class ConsumerInstance:
                 group_id=self.config.group,
                 enable_auto_commit=False,
                 auto_offset_reset=self.config.auto_offset_reset,
+                # Managed topics are written in transactions: what a fenced (zombie)
+                # sidecar sent is aborted, and must never be read.
+                isolation_level="read_committed",
                 partition_assignment_strategy=(self.consumers.assignor,),
                 # Added partitions are noticed (and the group rebalanced) within seconds.
                 metadata_max_age_ms=METADATA_MAX_AGE_MS,
@@ -1167,6 +1207,19 @@ def _delivered(record: ConsumerRecord[bytes, bytes]) -> Delivered:
         record.headers,
         record,
     )
+
+
+def fetch_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The consumer's position in ``tp`` (the offset after the last record, marker or
+    aborted record its fetches returned), or None while it is unknown or ``tp`` is not
+    assigned. ``AIOKafkaConsumer.position`` waits while a position is being reset; the
+    release path must not, so this reads the same state without waiting."""
+    subscription = consumer._subscription.subscription
+    assignment = None if subscription is None else subscription.assignment
+    if assignment is None or tp not in assignment.tps:
+        return None
+    state = assignment.state_value(tp)
+    return int(state.position) if state.has_valid_position else None
 
 
 def _retrieve_outcome(future: asyncio.Future[Any]) -> None:

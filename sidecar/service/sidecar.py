@@ -10,6 +10,13 @@ disagree.
 Produces to a managed topic are held (never failed) while a barrier is pending or
 the ZooKeeper session is not connected; the hold ends when the generation commits,
 the barrier is removed, or ``produce.hold_timeout_s`` passes (then 503, retriable).
+
+Managed topics are written through a transactional producer (DESIGN §5, fencing)
+whose transactional id is registered with this sidecar's ZooKeeper registration: a
+coordinator fences every registered id no live sidecar names before it reads a
+change's boundaries. Each new session, and each time the producer turns out fenced,
+the sidecar takes a new id (an *incarnation*): it registers it, initialises it, and
+re-reads the metadata before it writes again.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 
 from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
+from sidecar.adapters.transactions import Outcome, TransactionalWriter, WriteResult
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
@@ -45,7 +53,7 @@ from sidecar.core.placement import (
     require_key_for_tombstone,
     sidecar_headers,
 )
-from sidecar.core.procedures import Admission, Participant, SessionState
+from sidecar.core.procedures import Admission, Participant, SessionState, TransactionalId
 from sidecar.core.routing import default_partition
 from sidecar.core.topics import TopicState
 from sidecar.http.produce_codec import ProduceRequest, ProduceResult, RecordFailed, RecordWritten
@@ -56,6 +64,7 @@ _log = logging.getLogger(__name__)
 # How often the list of managed topics is re-read, so that a topic managed by another
 # sidecar is watched (and its barriers acked) within this delay.
 TOPIC_LIST_INTERVAL_S = 1.0
+RECOVERY_RETRY_S = 0.5
 
 
 @dataclass
@@ -104,6 +113,16 @@ class Sidecar:
         self._stopping = False
         self._ready = False
         self.audit = AuditEmitter(settings.audit, settings.sidecar_id, kafka, metrics)
+        self.writer: TransactionalWriter | None = None
+        """Writes managed topics; None while it is being replaced."""
+        self._incarnation = 0
+        self._registered: TransactionalId | None = None
+        """The transactional id this sidecar's registration names (or will, once the
+        store has registered again after a lost session)."""
+        self._retired: set[TransactionalId] = set()
+        """Ids of writers closed cleanly, to drop from the registry once ZooKeeper answers."""
+        self._recovering = asyncio.Lock()
+        self._started_at = time.time()
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -116,9 +135,12 @@ class Sidecar:
         self.metrics.zookeeper_connected.set(
             1 if self.store.session_state is SessionState.CONNECTED else 0
         )
+        transactional_id = self.transactional_id
         await self.store.register_sidecar(
-            self.sidecar_id, {"started_at": time.time(), "http_port": self.settings.http.port}
+            self.sidecar_id, self._registration_info(), transactional_id
         )
+        self._registered = transactional_id
+        self.writer = await self._start_writer(transactional_id)
         await self.refresh_topic_list()
         self._spawn(self._topic_list_loop())
         self._ready = True
@@ -132,6 +154,12 @@ class Sidecar:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            await writer.stop()  # commits what is queued
+            if not writer.fenced:
+                self._retired.add(TransactionalId(writer.transactional_id))
+        await self._forget_retired()
         await self.audit.stop()
         # The gateway flushes in-flight sends before it closes.
         await self.kafka.stop()
@@ -139,7 +167,40 @@ class Sidecar:
 
     @property
     def ready(self) -> bool:
-        return self._ready and self.store.session_state is SessionState.CONNECTED
+        writer = self.writer
+        return (
+            self._ready
+            and self.store.session_state is SessionState.CONNECTED
+            and writer is not None
+            and not writer.fenced
+        )
+
+    @property
+    def transactional_id(self) -> TransactionalId:
+        """The id of this incarnation's transactional producer."""
+        prefix = self.settings.kafka.client_id
+        return TransactionalId(f"{prefix}.{self.sidecar_id}.{self._incarnation}")
+
+    def _registration_info(self) -> dict[str, object]:
+        return {
+            "started_at": self._started_at,
+            "http_port": self.settings.http.port,
+            "incarnation": self._incarnation,
+        }
+
+    async def _start_writer(self, transactional_id: TransactionalId) -> TransactionalWriter:
+        writer = TransactionalWriter(
+            self.settings.kafka,
+            transactional_id,
+            on_fenced=self._on_writer_fenced,
+            # The fault stops the process once, in its first incarnation.
+            stop_before_commit=self.settings.faults.stop_before_commit
+            if self._incarnation == 0
+            else 0,
+        )
+        await writer.start()
+        self.metrics.producer_incarnations.inc()
+        return writer
 
     # Managed topics -------------------------------------------------------------------------
 
@@ -202,7 +263,7 @@ class Sidecar:
 
     async def _maybe_ack_barrier(self, runtime: TopicRuntime) -> None:
         participant = runtime.participant
-        if not participant.ready_to_ack():
+        if not participant.ready_to_ack() or self.settings.faults.withhold_barrier_acks:
             return
         pending = participant.pending_generation
         assert pending is not None
@@ -221,8 +282,77 @@ class Sidecar:
         for runtime in self.topics.values():
             runtime.participant = runtime.participant.session_changed(session)
             runtime.notify()
+        if session is SessionState.LOST:
+            # A coordinator may fence this incarnation's id any time from now on: the next
+            # session registers a new one (the store registers it before telling us).
+            self._incarnation += 1
+            self._registered = self.transactional_id
+            self.store.prepare_registration(
+                self.sidecar_id, self._registration_info(), self._registered
+            )
+            self._retire_writer()
         if session is SessionState.CONNECTED:
-            self._spawn(self._reload_after_reconnect())
+            self._spawn(self._recover())
+
+    def _on_writer_fenced(self) -> None:
+        """A coordinator fenced this sidecar's producer (it was taken for a zombie)."""
+        _log.warning("the transactional producer of %s was fenced", self.sidecar_id)
+        for runtime in self.topics.values():
+            runtime.participant = runtime.participant.producer_replaced()
+            runtime.notify()
+        self._spawn(self._recover())
+
+    def _retire_writer(self) -> None:
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            self._spawn(self._close_writer(writer))
+
+    async def _close_writer(self, writer: TransactionalWriter) -> None:
+        # Its queued transactions end (committed, or refused if fenced meanwhile); after
+        # that nothing can be written with its id, which may leave the registry.
+        await writer.stop()
+        if not writer.fenced:
+            self._retired.add(TransactionalId(writer.transactional_id))
+
+    async def _recover(self) -> None:
+        """After a reconnect or a fence: a writer under a registered transactional id,
+        then every topic's metadata read again, before anything is written."""
+        async with self._recovering:
+            while not self._stopping:
+                if self.store.session_state is not SessionState.CONNECTED:
+                    return  # the next CONNECTED starts over
+                try:
+                    await self._ensure_writer()
+                    break
+                except SidecarError as exc:
+                    _log.warning("re-registering the producer failed, retrying: %s", exc.message)
+                    await asyncio.sleep(RECOVERY_RETRY_S)
+            await self._forget_retired()
+            await self._reload_after_reconnect()
+
+    async def _ensure_writer(self) -> None:
+        if self.writer is not None and not self.writer.fenced:
+            return
+        if self.writer is not None:
+            self._retire_writer()  # fenced: its id was dropped by whoever fenced it
+            self._incarnation += 1
+        transactional_id = self.transactional_id
+        if self._registered != transactional_id:
+            await self.store.register_sidecar(
+                self.sidecar_id, self._registration_info(), transactional_id
+            )
+            self._registered = transactional_id
+        self.writer = await self._start_writer(transactional_id)
+
+    async def _forget_retired(self) -> None:
+        if not self._retired:
+            return
+        retired = tuple(sorted(self._retired))
+        try:
+            await self.store.forget_producers(retired)
+        except SidecarError:
+            return  # next time; meanwhile the next change fences them, harmlessly
+        self._retired.difference_update(retired)
 
     async def _reload_after_reconnect(self) -> None:
         """After a reconnect nothing is trusted until it has been read again."""
@@ -343,8 +473,9 @@ class Sidecar:
             owners.append(index)
         if outgoing:
             runtime.participant = runtime.participant.send_started(len(outgoing))
-        sent = await self.kafka.send_batch(runtime.name, outgoing)
-        self._settle_batch(runtime, outgoing, sent)
+        written = await self._write(runtime.name, outgoing)
+        sent = written.outcomes
+        self._settle_batch(runtime, outgoing, written)
         for sent_record, owner, outcome in zip(outgoing, owners, sent, strict=True):
             if owner is None:
                 if isinstance(outcome, SentRecord):
@@ -395,16 +526,30 @@ class Sidecar:
             self._tombstones_sent.popitem(last=False)
         return True
 
+    async def _write(self, topic: str, records: list[OutgoingKafkaRecord]) -> WriteResult:
+        writer = self.writer
+        if writer is None:
+            # Replaced since the request was admitted (a lost session, a fence).
+            loop = asyncio.get_running_loop()
+            failed: list[Outcome] = [
+                SendFailed("the producer is being replaced", maybe_appended=False, retriable=True)
+            ] * len(records)
+            final: asyncio.Future[list[Outcome]] = loop.create_future()
+            final.set_result(failed)
+            return WriteResult(failed, final)
+        return await writer.write(topic, records)
+
     def _settle_batch(
         self,
         runtime: TopicRuntime,
         records: list[OutgoingKafkaRecord],
-        outcomes: list[SentRecord | SendFailed],
+        written: WriteResult,
     ) -> None:
         """Tell the participant how the sends ended: one update for all acknowledged."""
         highest: dict[int, int] = {}
         acknowledged = 0
-        for record, outcome in zip(records, outcomes, strict=True):
+        uncertain: list[int] = []
+        for record, outcome in zip(records, written.outcomes, strict=True):
             if isinstance(outcome, SentRecord):
                 acknowledged += 1
                 highest[outcome.partition] = max(highest.get(outcome.partition, -1), outcome.offset)
@@ -414,38 +559,36 @@ class Sidecar:
                 send_id, maybe_appended=outcome.maybe_appended
             )
             if outcome.maybe_appended:
-                self._spawn(self._resolve_uncertain(runtime, record, send_id))
+                uncertain.append(send_id)
         if acknowledged:
             runtime.participant = runtime.participant.sends_acknowledged(highest, acknowledged)
+        if uncertain:
+            self._spawn(self._settle_uncertain(runtime, records, written, uncertain))
 
-    async def _resolve_uncertain(
-        self, runtime: TopicRuntime, record: OutgoingKafkaRecord, send_id: int
+    async def _settle_uncertain(
+        self,
+        runtime: TopicRuntime,
+        records: list[OutgoingKafkaRecord],
+        written: WriteResult,
+        send_ids: list[int],
     ) -> None:
-        """Find out whether a send that timed out was appended after all.
+        """Wait until the transaction of sends in doubt has ended for good.
 
-        The barrier cannot be acked while it is unresolved: the record might land
-        after the boundary was read. The idempotent producer keeps retrying such a
-        batch after its future timed out; once the producer has flushed, the record
-        has landed or never will, and a search of the partition from the last
-        acknowledged offset settles which.
+        The barrier cannot be acked meanwhile: such a record might still become visible
+        after the boundary is read. A late commit tells where the records landed (the
+        boundary must be past them: the markers that make them visible may trail); an
+        id re-initialised to settle the doubt has had its markers written already.
         """
-        while True:
-            try:
-                await self.kafka.flush()
-                break
-            except Exception:
-                await asyncio.sleep(1.0)
-        while True:
-            try:
-                start = runtime.participant.acked_next.get(record.partition, 0)
-                offset = await self.kafka.find_sent(
-                    runtime.name, record.partition, start, self.sidecar_id, send_id
-                )
-                break
-            except SidecarError:
-                await asyncio.sleep(1.0)
-        landed = None if offset is None else (record.partition, offset)
-        runtime.participant = runtime.participant.uncertain_resolved(send_id, landed)
+        final = await written.final
+        landed = {
+            _sequence_of(record): (outcome.partition, outcome.offset)
+            for record, outcome in zip(records, final, strict=True)
+            if isinstance(outcome, SentRecord)
+        }
+        for send_id in send_ids:
+            runtime.participant = runtime.participant.uncertain_resolved(
+                send_id, landed.get(send_id)
+            )
         await self._maybe_ack_barrier(runtime)
 
     async def _produce_unmanaged(
@@ -500,7 +643,7 @@ class Sidecar:
 def _result(outcome: SentRecord | SendFailed) -> ProduceResult:
     if isinstance(outcome, SentRecord):
         return RecordWritten(outcome.partition, outcome.offset)
-    code = 50002 if outcome.maybe_appended else 50001
+    code = 50002 if outcome.retriable else 50001
     return RecordFailed(code, str(outcome))
 
 

@@ -31,6 +31,7 @@ from sidecar.config import (
 )
 from sidecar.devcluster.provider import ClusterEndpoints
 from sidecar.server import SidecarServer
+from tests.support.waiting import eventually
 
 ADMIN_TOKEN = "test-token"
 JSON_V2 = "application/vnd.kafka.json.v2+json"
@@ -50,6 +51,8 @@ def settings_for(
     hold_timeout_s: float = 30.0,
     barrier_timeout_s: float = 20.0,
     kill_after_phase: str = "",
+    withhold_barrier_acks: bool = False,
+    stop_before_commit: int = 0,
     zookeeper_hosts: str | None = None,
 ) -> Settings:
     return Settings(
@@ -62,7 +65,11 @@ def settings_for(
         ),
         http=HttpSettings(port=0, admin_enabled=True, admin_token=ADMIN_TOKEN),
         produce=ProduceSettings(hold_timeout_s=hold_timeout_s, barrier_timeout_s=barrier_timeout_s),
-        faults=FaultSettings(kill_after_phase=kill_after_phase),
+        faults=FaultSettings(
+            kill_after_phase=kill_after_phase,
+            withhold_barrier_acks=withhold_barrier_acks,
+            stop_before_commit=stop_before_commit,
+        ),
     )
 
 
@@ -218,26 +225,46 @@ def b64(data: bytes) -> str:
 async def read_all(
     cluster: ClusterEndpoints, topic: str, partitions: int
 ) -> dict[int, list[ConsumerRecord[bytes, bytes]]]:
-    """Every record now in ``partitions`` of ``topic``, per partition in offset order."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap, enable_auto_commit=False)
-    await consumer.start()
+    """Every record a read-committed reader sees in ``partitions`` of ``topic``, per
+    partition in offset order, once no transaction is open there any more.
+
+    Managed topics are written in transactions: aborted records (a fenced zombie's) are
+    never read, and each transaction's marker takes an offset without being a record.
+    The stable offset trails a commit, so this waits for it to reach the log end.
+    """
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    ends_reader = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap)
+    await reader.start()
+    await ends_reader.start()
     try:
         assigned = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning()
-        ends = await consumer.end_offsets(assigned)
+        reader.assign(assigned)
+        await reader.seek_to_beginning()
+        ends = await ends_reader.end_offsets(assigned)
+
+        async def stable_at_end() -> bool:
+            stable = await reader.end_offsets(assigned)
+            return all(stable[tp] >= ends[tp] for tp in assigned)
+
+        await eventually(stable_at_end, 30, f"no open transaction left in {topic}")
         result: dict[int, list[ConsumerRecord[bytes, bytes]]] = {p: [] for p in range(partitions)}
-        remaining = {tp for tp in assigned if ends[tp] > await consumer.position(tp)}
+        remaining = {tp for tp in assigned if ends[tp] > await reader.position(tp)}
         while remaining:
-            batches = await consumer.getmany(timeout_ms=5000)
-            assert batches, f"no records within 5 s, still waiting for {remaining}"
+            batches = await reader.getmany(*remaining, timeout_ms=5000)
             for tp, records in batches.items():
                 result[tp.partition].extend(records)
-                if records[-1].offset + 1 >= ends[tp]:
-                    remaining.discard(tp)
+            # Positions move past markers and aborted records too.
+            done = {tp for tp in remaining if await reader.position(tp) >= ends[tp]}
+            assert batches or done, f"nothing read within 5 s, still waiting for {remaining}"
+            remaining -= done
         return result
     finally:
-        await consumer.stop()
+        await reader.stop()
+        await ends_reader.stop()
 
 
 def header(record: ConsumerRecord[bytes, bytes], name: str) -> bytes | None:

@@ -77,17 +77,35 @@ async def test_three_processes_through_random_changes(cluster: ClusterEndpoints)
 
 
 @pytest.mark.parametrize(
-    "phase", ["creating_partitions", "barrier", "reading_boundaries", "committing", "rolling_back"]
+    "phase",
+    [
+        "creating_partitions",
+        "barrier",
+        "fencing",
+        "reading_boundaries",
+        "committing",
+        "rolling_back",
+    ],
 )
 async def test_a_coordinator_killed_at_any_step_leaves_no_one_held(
     cluster: ClusterEndpoints, phase: str
 ) -> None:
     topic = unique(f"kill-{phase.replace('_', '-')}")
     victim_options: dict[str, object] = {"kill_after_phase": phase, "session_timeout_s": 4.0}
+    options: list[dict[str, object]] = [victim_options, {}, {}]
     if phase == "rolling_back":
-        victim_options["barrier_timeout_s"] = 0.0  # its first barrier check rolls back
-    async with processes(cluster, f"/{unique('root')}", victim_options, {}, {}) as sidecars:
-        victim, survivors = sidecars[0], sidecars[1:]
+        # A participant that never acks: the victim's barrier times out and rolls back.
+        victim_options["barrier_timeout_s"] = 4.5
+        options[2] = {"withhold_barrier_acks": True}
+    if phase == "fencing":
+        # A sidecar killed before the change leaves its producer registered: the change
+        # fences it (once its session has expired) before it reads the boundaries.
+        options.append({"session_timeout_s": 4.0})
+    async with processes(cluster, f"/{unique('root')}", *options) as sidecars:
+        victim, survivors = sidecars[0], sidecars[1:3]
+        for gone in sidecars[3:]:
+            gone.process.kill()
+            await gone.process.wait()
         await survivors[0].create_topic(topic, 2, replication_factor=cluster.replication_factor)
         stop = asyncio.Event()
         tallies = [ProduceTally() for _ in survivors]

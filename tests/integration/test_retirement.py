@@ -78,15 +78,22 @@ async def test_partitions_drained_by_every_group_are_truncated(cluster: ClusterE
         await asyncio.sleep(2.5)
         assert await _modes(sidecar, topic) == ["read_write", "read_write", "read_only"]
 
+        # Three records, each in a transaction of its own: a marker after each.
+        end = (await sidecar.server.kafka.end_offsets(topic, 3))[2]
+        assert end == 6
         consumer = AIOKafkaConsumer(
             bootstrap_servers=cluster.kafka_bootstrap, group_id=group, enable_auto_commit=False
         )
         await consumer.start()
         try:
             consumer.assign([TopicPartition(topic, 2)])
-            await consumer.commit({TopicPartition(topic, 2): OffsetAndMetadata(3, "")})
+            # Consumed up to the last record, not past its marker: not drained yet.
+            await consumer.commit({TopicPartition(topic, 2): OffsetAndMetadata(end - 1, "")})
+            await asyncio.sleep(2.5)
+            assert await _modes(sidecar, topic) == ["read_write", "read_write", "read_only"]
+            await consumer.commit({TopicPartition(topic, 2): OffsetAndMetadata(end, "")})
         finally:
             await consumer.stop()
         await _wait_for_modes(sidecar, topic, ["read_write", "read_write", "removed"])
         starts = await sidecar.server.kafka.log_start_offsets(topic, 3)
-        assert starts[2] == 3
+        assert starts[2] == end

@@ -3,16 +3,21 @@
 The simulation links several participants and one coordinator through an in-memory
 store and in-memory partitions. Hypothesis picks every interleaving: produces, sends
 landing late or failing uncertainly, barrier notifications arriving late, sessions
-suspending, expiring and reconnecting, coordinators timing out. The invariant is the
-one DESIGN §5 promises: every record sits on the side of every boundary that its
-generation header says (no write across a barrier), and no produce fails because of
-a successful change.
+suspending, expiring and reconnecting, coordinators timing out, and zombies: a session
+may expire while its sidecar still has sends in flight (a paused process), which land
+whenever the simulation likes unless the storage refuses them. The storage refuses a
+send whose producer incarnation was fenced, as Kafka refuses a fenced transactional
+producer. The invariant is the one DESIGN §5 promises: every record sits on the side of
+every boundary that its generation header says (no write across a barrier), and no
+produce fails because of a successful change.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -26,6 +31,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.generations import GenerationLog
 from sidecar.core.procedures import (
+    TRANSITIONS,
     Action,
     Admission,
     BarrierProgress,
@@ -33,19 +39,22 @@ from sidecar.core.procedures import (
     Committed,
     CreatePartitions,
     Failed,
-    HighWatermarks,
+    FenceProducers,
     Observation,
     Operation,
     OperationKind,
     Participant,
     PartitionsCreated,
     Phase,
+    ProducersFenced,
     PublishBarrier,
-    ReadHighWatermarks,
+    ReadStableOffsets,
     RemoveBarrier,
     RolledBack,
     SessionState,
     SidecarId,
+    StableOffsets,
+    TransactionalId,
     UnexpectedObservation,
     plan_change,
     resume,
@@ -93,9 +102,9 @@ def test_expansion_walks_the_table_to_done() -> None:
     )
     assert operation.phase is Phase.READING_BOUNDARIES
     assert operation.acked_floor == (7, 2, 0)
-    assert actions == [ReadHighWatermarks("t", 3)]
+    assert actions == [ReadStableOffsets("t", 3)]
     # The high watermark of partition 0 trails B's acknowledged offset 6: boundary 7.
-    operation, actions = step(operation, HighWatermarks([5, 9, 0], [3, 3, 0]))
+    operation, actions = step(operation, StableOffsets([5, 9, 0], [3, 3, 0]))
     assert [b.offset for b in operation.boundaries] == [7, 9, 0]
     assert [b.leader_epoch for b in operation.boundaries] == [3, 3, 0]
     [commit] = actions
@@ -145,6 +154,60 @@ def test_an_expired_sidecar_is_not_waited_for() -> None:
     assert operation.phase is Phase.READING_BOUNDARIES
 
 
+def test_producers_no_live_sidecar_owns_are_fenced_before_the_boundaries() -> None:
+    operation = expand(GenerationLog.start(1), 2)
+    operation, _ = step(operation, PartitionsCreated(2))
+    registered = frozenset(TransactionalId(t) for t in ("a.0", "b.0", "b.1", "c.3"))
+    # b lost its session and came back as b.1; c is gone (or paused past its session).
+    progress = BarrierProgress(
+        frozenset({A, B}),
+        {A: {}, B: {0: 3}},
+        now=1.0,
+        registered=registered,
+        live_producers=frozenset({TransactionalId("a.0"), TransactionalId("b.1")}),
+    )
+    operation, actions = step(operation, progress)
+    assert operation.phase is Phase.FENCING
+    assert operation.fenced == ("b.0", "c.3")
+    assert operation.acked_floor == (3, 0)
+    assert actions == [FenceProducers("t", (TransactionalId("b.0"), TransactionalId("c.3")))]
+    # Resuming repeats the fence (idempotent: it only bumps epochs again).
+    assert resume(operation) == actions
+    operation, actions = step(operation, ProducersFenced())
+    assert (operation.phase, actions) == (Phase.READING_BOUNDARIES, [ReadStableOffsets("t", 2)])
+
+
+def test_nothing_to_fence_goes_straight_to_the_boundaries() -> None:
+    operation = expand(GenerationLog.start(1), 2)
+    operation, _ = step(operation, PartitionsCreated(2))
+    owned = frozenset({TransactionalId("a.0")})
+    progress = BarrierProgress(frozenset({A}), {A: {}}, 1.0, owned, owned)
+    operation, actions = step(operation, progress)
+    assert (operation.phase, operation.fenced) == (Phase.READING_BOUNDARIES, ())
+    assert actions == [ReadStableOffsets("t", 2)]
+
+
+def test_a_fence_that_cannot_be_made_rolls_back() -> None:
+    operation = replace(expand(GenerationLog.start(1), 2), phase=Phase.FENCING)
+    operation, actions = step(operation, Failed("FenceProducers failed: kafka away"))
+    assert operation.phase is Phase.ROLLING_BACK
+    assert actions == [RemoveBarrier("t", 1)]
+
+
+def test_the_docstring_table_is_the_table_the_code_runs() -> None:
+    """Every row of the module's transition table is in TRANSITIONS and vice versa."""
+    import sidecar.core.procedures as procedures
+
+    assert procedures.__doc__ is not None
+    row = re.compile(r"^ {4}([A-Z_]+) {2,}([A-Z][A-Za-z]+)")
+    rows = set()
+    for line in procedures.__doc__.splitlines():
+        match = row.match(line)
+        if match and match[1] in Phase.__members__:
+            rows.add((Phase[match[1]], match[2]))
+    assert rows == {(phase, kind.__name__) for phase, kind in TRANSITIONS}
+
+
 def test_failed_partition_creation_rolls_back() -> None:
     operation = expand(GenerationLog.start(1), 2)
     operation, actions = step(operation, Failed("policy violation"))
@@ -158,7 +221,8 @@ def test_resume_repeats_the_phase_action(phase: Phase) -> None:
     kinds = {
         Phase.CREATING_PARTITIONS: [CreatePartitions],
         Phase.BARRIER: [PublishBarrier],
-        Phase.READING_BOUNDARIES: [ReadHighWatermarks],
+        Phase.FENCING: [FenceProducers],
+        Phase.READING_BOUNDARIES: [ReadStableOffsets],
         Phase.COMMITTING: [CommitGeneration],
         Phase.ROLLING_BACK: [RemoveBarrier],
         Phase.DONE: [],
@@ -252,6 +316,8 @@ class Send:
     send_id: int
     partition: int
     generation: int
+    producer: TransactionalId
+    """The incarnation's transactional id it was sent with."""
 
 
 @dataclass
@@ -274,6 +340,16 @@ class World:
     next_send_id: int = 0
     changes_done: int = 0
     acknowledged_end: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    incarnations: dict[SidecarId, int] = field(default_factory=lambda: defaultdict(int))
+    registered: set[TransactionalId] = field(default_factory=set)
+    fenced: set[TransactionalId] = field(default_factory=set)
+    fencing: bool = True
+    """False: the coordinator fences nothing (to show what the fence prevents)."""
+    refused: int = 0
+    trace: list[tuple[str, int | str | None]] = field(default_factory=list)
+
+    def producer(self, sidecar: SidecarId) -> TransactionalId:
+        return TransactionalId(f"{sidecar}.{self.incarnations[sidecar]}")
 
     def moves(self) -> list[tuple[str, int | str | None]]:
         moves: list[tuple[str, int | str | None]] = []
@@ -291,17 +367,20 @@ class World:
                 moves.append(("resolve", sidecar))
             if connected:
                 moves.append(("suspend", sidecar))
-            elif sidecar in self.live and not any(
-                s.sidecar == sidecar for s in self.in_flight + self.ghosts
-            ):
-                # The zombie argument: by the time a session expires its sends are done
-                # (request timeout < session timeout, and a suspended sidecar sends nothing).
+            elif sidecar in self.live:
+                # Sends of this sidecar may still be in flight: a paused process does not
+                # notice its session expiring (the zombie); only the fence stops them.
                 moves.append(("expire", sidecar))
+                moves.append(("reconnect", sidecar))
             else:
                 moves.append(("reconnect", sidecar))
         moves += [("land", i) for i in range(len(self.in_flight))]
         moves += [("fail", i) for i in range(len(self.in_flight))]
-        moves += [("ghost_lands", i) for i in range(len(self.ghosts))]
+        moves += [
+            ("ghost_lands", i)
+            for i, ghost in enumerate(self.ghosts)
+            if ghost.producer not in self.fenced
+        ]
         moves.append(("coordinate", None) if self.operation else ("start_change", None))
         moves.append(("tick", None))
         # Repeat the common moves so that sessions do not spend most runs suspended.
@@ -324,7 +403,13 @@ def apply(world: World, move: str, arg: int | str | None, data: st.DataObject) -
             partition = data.draw(st.integers(0, participant.undeleted_count - 1))
             world.participants[sidecar] = participant.send_started()
             world.in_flight.append(
-                Send(sidecar, world.next_send_id, partition, participant.generation)
+                Send(
+                    sidecar,
+                    world.next_send_id,
+                    partition,
+                    participant.generation,
+                    world.producer(sidecar),
+                )
             )
             world.next_send_id += 1
         elif move == "see_barrier":
@@ -354,6 +439,10 @@ def apply(world: World, move: str, arg: int | str | None, data: st.DataObject) -
             world.acks.pop(sidecar, None)
             world.participants[sidecar] = participant.session_changed(SessionState.LOST)
         elif move == "reconnect":
+            if sidecar not in world.live:
+                # A new session registers a new incarnation before it reads anything.
+                world.incarnations[sidecar] += 1
+                world.registered.add(world.producer(sidecar))
             world.live.add(sidecar)
             world.participants[sidecar] = participant.session_changed(
                 SessionState.CONNECTED
@@ -370,6 +459,13 @@ def apply(world: World, move: str, arg: int | str | None, data: st.DataObject) -
             return
         send = world.in_flight.pop(arg)
         participant = world.participants[send.sidecar]
+        if send.producer in world.fenced:
+            # Kafka refuses a fenced producer's writes (and aborted its open transaction).
+            world.refused += 1
+            world.participants[send.sidecar] = participant.send_failed(
+                send.send_id, maybe_appended=False
+            )
+            return
         if move == "land":
             offset = world.append(send.partition, send.generation, acknowledged=True)
             world.participants[send.sidecar] = participant.send_acknowledged(send.partition, offset)
@@ -402,7 +498,13 @@ def coordinate(world: World, data: st.DataObject) -> None:
     operation = world.operation
     assert operation is not None
     if operation.phase is Phase.BARRIER:
-        progress = BarrierProgress(frozenset(world.live), dict(world.acks), world.now)
+        progress = BarrierProgress(
+            frozenset(world.live),
+            dict(world.acks),
+            world.now,
+            registered=frozenset(world.registered) if world.fencing else frozenset(),
+            live_producers=frozenset(world.producer(s) for s in world.live),
+        )
         world.operation, actions = step(operation, progress)
         run(world, actions, data)
 
@@ -421,7 +523,15 @@ def run(world: World, actions: list[Action], data: st.DataObject) -> None:
             world.barrier = action.pending_generation
             world.acks = {}
             continue
-        elif isinstance(action, ReadHighWatermarks):
+        elif isinstance(action, FenceProducers):
+            world.fenced |= set(action.transactional_ids)
+            world.registered -= set(action.transactional_ids)
+            # Initialising a fenced id ends its open transaction first (committed or
+            # aborted, markers written): the stable offset passes all it ever wrote.
+            for partition, records in enumerate(world.partitions):
+                world.acknowledged_end[partition] = len(records)
+            observation = ProducersFenced()
+        elif isinstance(action, ReadStableOffsets):
             # The high watermark may trail the log end, but never an acknowledged record
             # (acks=all; a new leader answers OFFSET_NOT_AVAILABLE until it caught up).
             ends = [
@@ -429,7 +539,7 @@ def run(world: World, actions: list[Action], data: st.DataObject) -> None:
                 for p, records in enumerate(world.partitions)
             ]
 
-            observation = HighWatermarks(ends, [None] * len(ends))
+            observation = StableOffsets(ends, [None] * len(ends))
         elif isinstance(action, CommitGeneration):
             world.log = world.log.append(action.generation)
             world.barrier = None
@@ -452,21 +562,77 @@ def run(world: World, actions: list[Action], data: st.DataObject) -> None:
 def test_no_record_is_written_across_a_barrier(
     data: st.DataObject, sidecars: int, initial: int
 ) -> None:
-    log = GenerationLog.start(initial)
     names = [SidecarId(f"s{i}") for i in range(sidecars)]
-    world = World(
-        log=log,
-        participants={n: Participant(0, initial) for n in names},
-        live=set(names),
-        partitions=[[] for _ in range(initial)],
-    )
+    world = new_world(names, initial)
     for _ in range(data.draw(st.integers(0, 120))):
         move, arg = data.draw(st.sampled_from(world.moves()))
         apply(world, move, arg, data)
+        world.trace.append((move, arg))
     for partition, headers in enumerate(world.partitions):
         for offset, generation in enumerate(headers):
             assert world.log.generation_of(partition, offset) == generation, (
                 f"record {partition}@{offset} of generation {generation} is on the wrong "
-                f"side of a boundary: {world.log} {world.partitions}"
+                f"side of a boundary: {world.log} {world.partitions} after {world.trace}"
             )
             assert partition < world.log[generation].undeleted_count
+
+
+def new_world(names: list[SidecarId], initial: int) -> World:
+    world = World(
+        log=GenerationLog.start(initial),
+        participants={n: Participant(0, initial) for n in names},
+        live=set(names),
+        partitions=[[] for _ in range(initial)],
+    )
+    world.registered = {world.producer(n) for n in names}
+    return world
+
+
+@pytest.mark.parametrize("fencing", [True, False])
+def test_a_zombie_is_refused_only_because_it_was_fenced(fencing: bool) -> None:
+    """The scenario seen on a real cluster: a sidecar paused with a send in flight, its
+    session expires, a change commits without it, then it resumes and the send lands.
+    With the fence the storage refuses it; without, it lands across the barrier."""
+
+    class Script:
+        """The draws, in order: the zombie's partition, then the stable offset of each of
+        the three partitions (nothing is committed anywhere yet)."""
+
+        answers: ClassVar[list[int]] = [1, 0, 0, 0]
+
+        def draw(self, strategy: object) -> int:
+            return self.answers.pop(0)
+
+    zombie, other = SidecarId("z"), SidecarId("o")
+    world = new_world([zombie, other], 2)
+    world.fencing = fencing
+    data = Script()
+    apply(world, "produce", zombie, data)  # type: ignore[arg-type]
+    apply(world, "suspend", zombie, data)  # type: ignore[arg-type]
+    apply(world, "expire", zombie, data)  # type: ignore[arg-type]
+    world.operation, actions = plan_change(
+        kind=OperationKind.EXPAND,
+        log=world.log,
+        physical_count=2,
+        topic="t",
+        target_count=3,
+        coordinator=other,
+        now=0.0,
+        barrier_timeout=30.0,
+    )
+    run(world, actions, data)  # type: ignore[arg-type]
+    apply(world, "see_barrier", other, data)  # type: ignore[arg-type]
+    apply(world, "ack", other, data)  # type: ignore[arg-type]
+    coordinate(world, data)  # type: ignore[arg-type]
+    assert world.log.current.number == 1, "the change committed without the zombie"
+    apply(world, "land", 0, data)  # type: ignore[arg-type]
+    landed = [
+        (p, o)
+        for p, headers in enumerate(world.partitions)
+        for o, generation in enumerate(headers)
+        if world.log.generation_of(p, o) != generation
+    ]
+    if fencing:
+        assert (world.refused, landed) == (1, [])
+    else:
+        assert (world.refused, landed) == (0, [(1, 0)])

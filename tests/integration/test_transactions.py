@@ -1,0 +1,163 @@
+"""The transactional writer and the fence against the real cluster.
+
+What the zombie argument (DESIGN §5) takes from Kafka, checked here rather than
+assumed: a fenced producer's open transaction is aborted and its later writes refused;
+a read-committed reader never sees an aborted record; the last stable offset stops at
+an open transaction and passes it once it has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ProducerFenced as KafkaProducerFenced
+
+from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
+from sidecar.adapters.transactions import TransactionalWriter
+from sidecar.config import KafkaSettings
+from sidecar.devcluster.provider import ClusterEndpoints
+from tests.integration.sidecars import read_all
+from tests.support.waiting import eventually
+
+
+def _settings(cluster: ClusterEndpoints) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=10_000)
+
+
+@pytest.fixture
+async def gateway(cluster: ClusterEndpoints) -> AsyncIterator[KafkaGateway]:
+    gateway = KafkaGateway(_settings(cluster))
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def _topic(gateway: KafkaGateway, cluster: ClusterEndpoints, partitions: int = 2) -> str:
+    topic = f"txn-{uuid.uuid4().hex[:8]}"
+    await gateway.create_topic(topic, partitions, cluster.replication_factor, compacted=False)
+    return topic
+
+
+async def _read_committed(cluster: ClusterEndpoints, topic: str, partition: int) -> list[bytes]:
+    records = (await read_all(cluster, topic, partition + 1))[partition]
+    return [record.value for record in records if record.value is not None]
+
+
+def _record(partition: int, value: bytes) -> OutgoingKafkaRecord:
+    return OutgoingKafkaRecord(partition, b"k", value, [])
+
+
+async def test_concurrent_writes_share_transactions_and_keep_their_order(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    topic = await _topic(gateway, cluster)
+    writer = TransactionalWriter(_settings(cluster), f"test-{uuid.uuid4().hex[:8]}")
+    await writer.start()
+    try:
+        results = await asyncio.gather(
+            *(
+                writer.write(topic, [_record(0, b"%d-%d" % (i, j)) for j in range(3)])
+                for i in range(40)
+            )
+        )
+    finally:
+        await writer.stop()
+    outcomes = [outcome for result in results for outcome in result.outcomes]
+    assert all(isinstance(outcome, SentRecord) for outcome in outcomes), outcomes
+    assert all(result.final.done() for result in results)
+    # Requests that arrived while a transaction committed went into the next one.
+    assert 1 <= writer.transactions < 40
+    values = await _read_committed(cluster, topic, 0)
+    assert sorted(values) == sorted(b"%d-%d" % (i, j) for i in range(40) for j in range(3))
+    for i in range(40):
+        mine = [v for v in values if v.startswith(b"%d-" % i)]
+        assert mine == [b"%d-%d" % (i, j) for j in range(3)]
+    # Each transaction ends with a marker: the stable offset is past the last record.
+    [end, _] = await gateway.end_offsets(topic, 2)
+    last = max(o.offset for o in outcomes if isinstance(o, SentRecord))
+    assert end == last + 2, "the reads above waited for the stable offset to reach the end"
+
+
+async def test_a_fenced_writer_fails_closed_and_writes_nothing_more(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    topic = await _topic(gateway, cluster)
+    fenced: list[str] = []
+    transactional_id = f"test-{uuid.uuid4().hex[:8]}"
+    writer = TransactionalWriter(
+        _settings(cluster), transactional_id, on_fenced=lambda: fenced.append("fenced")
+    )
+    await writer.start()
+    try:
+        first = await writer.write(topic, [_record(1, b"before")])
+        assert first.outcomes == [SentRecord(1, 0)]
+        await gateway.fence_producer(transactional_id)
+        after = await writer.write(topic, [_record(1, b"after")])
+        [failed] = after.outcomes
+        assert isinstance(failed, SendFailed)
+        assert (failed.maybe_appended, failed.retriable) == (False, True)
+        assert "fenced" in failed.message
+        assert (writer.fenced, fenced) == (True, ["fenced"])
+        # Fail closed: a later write is refused at once, without reaching Kafka.
+        [again] = (await writer.write(topic, [_record(1, b"later")])).outcomes
+        assert isinstance(again, SendFailed)
+        assert not again.maybe_appended
+    finally:
+        await writer.stop()
+    assert await _read_committed(cluster, topic, 1) == [b"before"]
+
+
+async def test_the_fence_aborts_an_open_transaction_and_the_stable_offset_passes_it(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    """A zombie with a transaction open (records sent, never committed): the stable offset
+    stops before its records; the fence aborts them and lets the stable offset pass; what
+    the zombie sends or commits afterwards is refused; a read-committed reader sees none
+    of it."""
+    topic = await _topic(gateway, cluster)
+    transactional_id = f"zombie-{uuid.uuid4().hex[:8]}"
+    settings = _settings(cluster)
+    committed = TransactionalWriter(settings, f"live-{uuid.uuid4().hex[:8]}")
+    await committed.start()
+    zombie = AIOKafkaProducer(
+        bootstrap_servers=cluster.kafka_bootstrap, transactional_id=transactional_id
+    )
+    await zombie.start()
+    try:
+        assert (await committed.write(topic, [_record(0, b"live-1")])).outcomes == [
+            SentRecord(0, 0)
+        ]
+        await zombie.begin_transaction()
+        sent = await (await zombie.send(topic, b"zombie-1", key=b"k", partition=0))
+        assert sent.offset == 2  # after live-1 and its commit marker
+        assert (await committed.write(topic, [_record(0, b"live-2")])).outcomes == [
+            SentRecord(0, 3)
+        ]
+        # The open transaction holds the stable offset at its first record.
+        assert (await gateway.end_offsets(topic, 2))[0] == 2
+
+        await gateway.fence_producer(transactional_id)
+
+        # Aborted (marker at 5): the stable offset reaches the log end again (once live-2's
+        # commit marker, at 4, is written too).
+        async def stable_at_six() -> bool:
+            return (await gateway.end_offsets(topic, 2))[0] == 6
+
+        await eventually(stable_at_six, 10, "the stable offset passes the aborted transaction")
+        later = await zombie.send(topic, b"zombie-2", key=b"k", partition=0)
+        with pytest.raises(KafkaProducerFenced):
+            await later
+        with pytest.raises(KafkaProducerFenced):
+            await zombie.commit_transaction()
+    finally:
+        await committed.stop()
+        with contextlib.suppress(KafkaProducerFenced):
+            await zombie.stop()
+    assert await _read_committed(cluster, topic, 0) == [b"live-1", b"live-2"]
