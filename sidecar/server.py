@@ -104,9 +104,14 @@ class SidecarServer:
         await self.sidecar.stop()
 
     async def _housekeeping(self) -> None:
-        """Finish changes whose coordinator died, and retire drained partitions."""
+        """Release change locks left by interrupted attempts, finish changes nobody
+        drives, and retire drained partitions."""
         while True:
             await asyncio.sleep(HOUSEKEEPING_S)
+            try:
+                await self.store.release_leftover_locks()
+            except SidecarError as exc:
+                _log.debug("leftover locks not checked: %s", exc.message)
             for topic in list(self.sidecar.topics):
                 try:
                     await self.changes.resume_abandoned(topic)

@@ -14,8 +14,10 @@ in the shapes of ``sidecar.core.serialization``::
     <root>/topics/<t>/partitions             {"modes": [...], "delete_after": [float|null, ...]}
     <root>/topics/<t>/pending                the pending barrier; only while one is pending
     <root>/topics/<t>/barrier/<g>/<id>       {"acked": {"<partition>": next_offset}}
-    <root>/ops/<t>                           journal of the change in progress (or last done)
-    <root>/locks/<t>                         kazoo Lock recipe: one change at a time
+    <root>/ops/<t>                           journal of the change in progress (or last done),
+                                             written compare-and-set by znode version
+    <root>/locks/<t>                         ephemeral {"owner", "purpose", "acquired_at"}: the
+                                             topic's change lock; one change at a time
     <root>/groups/<group>                    a consumer group some sidecar consumes for
     <root>/groups/<group>/waits/<t>:<q>:<b>:<instance>
                                              ephemeral: an instance waits for the group
@@ -23,6 +25,12 @@ in the shapes of ``sidecar.core.serialization``::
 
 A commit changes the generation log, the current generation, the modes, the pending
 barrier and the journal in one multi-op transaction, so a reader never sees half of it.
+
+The change lock is one ephemeral node rather than kazoo's Lock recipe: a recipe's
+acquisition interrupted by a lost connection can leave its node behind under a session
+that lives on (seen: every later change refused for minutes). Here the store knows
+which lock nodes it holds; a node of its own session it does not hold is a leftover
+and ``release_leftover_locks`` deletes it.
 
 kazoo calls block, so they run in worker threads; kazoo's watch and session callbacks
 run on kazoo's threads and are handed to the event loop. While the session is not
@@ -35,17 +43,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
-    CancelledError,
     ConnectionDropped,
     ConnectionLoss,
-    LockTimeout,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -57,6 +65,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import DataWatch
 
 from sidecar.core.errors import (
+    ChangeTakenOver,
     MetadataUnavailable,
     OperationInProgress,
     TopicAlreadyManaged,
@@ -95,11 +104,21 @@ _CONNECTION_ERRORS = (
 # A concurrent writer changed what a transaction was built from: read again and retry.
 _RACE_ERRORS = (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError)
 _TRANSACTION_ATTEMPTS = 5
+_LOCK_POLL_S = 0.05
 _SESSION_STATES = {
     KazooState.CONNECTED: SessionState.CONNECTED,
     KazooState.SUSPENDED: SessionState.SUSPENDED,
     KazooState.LOST: SessionState.LOST,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """Who holds a topic's change lock, for what, and since when (wall clock)."""
+
+    owner: str
+    purpose: str
+    acquired_at: float
 
 
 class MetadataStore:
@@ -116,6 +135,10 @@ class MetadataStore:
         self._listeners: list[Callable[[SessionState], None]] = []
         self._registrations: dict[str, tuple[bytes, TransactionalId | None]] = {}
         self._reregister_needed = False
+        self._held_locks: dict[str, int] = {}
+        """Topic -> czxid of the lock node this store holds."""
+        self._journal_versions: dict[str, int] = {}
+        """Topic -> version of the journal node as this store last wrote or read it."""
         self._stopped = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -164,6 +187,7 @@ class MetadataStore:
         self._state = state
         if state is SessionState.LOST:
             self._reregister_needed = True
+            self._held_locks.clear()  # ephemeral: gone with the session
         elif state is SessionState.CONNECTED and self._reregister_needed and not self._stopped:
             # Listeners hear of the new session only once the registrations are back: a
             # sidecar must be registered before it re-reads anything and writes again.
@@ -414,50 +438,166 @@ class MetadataStore:
 
     # Operations -----------------------------------------------------------------------
 
-    def lock(self, topic: str, owner: str, timeout: float) -> AbstractAsyncContextManager[None]:
+    def lock(
+        self, topic: str, owner: str, timeout: float, purpose: str = "change"
+    ) -> AbstractAsyncContextManager[None]:
         """Hold the topic's change lock. Raises OperationInProgress if another holder keeps
-        it longer than ``timeout`` seconds."""
-        return self._locked(topic, owner, timeout)
+        it longer than ``timeout`` seconds (0: do not wait), MetadataUnavailable."""
+        return self._locked(topic, owner, timeout, purpose)
 
     @asynccontextmanager
-    async def _locked(self, topic: str, owner: str, wait_s: float) -> AsyncIterator[None]:
-        lock = self._client.Lock(f"{self._root}/locks/{topic}", owner)
-        acquiring = asyncio.ensure_future(self._run(_acquire, lock, wait_s))
-        try:
-            acquired = await asyncio.shield(acquiring)
-        except asyncio.CancelledError:
-            # The thread keeps waiting: wake it, and release what it may still get.
-            lock.cancel()
-            with suppress(Exception):
-                if await acquiring:
-                    await asyncio.to_thread(lock.release)
-            raise
-        if not acquired:
-            raise OperationInProgress(f"another partition-count change of {topic!r} holds the lock")
+    async def _locked(
+        self, topic: str, owner: str, wait_s: float, purpose: str
+    ) -> AsyncIterator[None]:
+        deadline = time.monotonic() + wait_s
+        data = _encode({"owner": owner, "purpose": purpose, "acquired_at": time.time()})
+        while True:
+            holder = await self._run(self._try_lock, topic, data)
+            if holder is None:
+                break
+            if time.monotonic() >= deadline:
+                raise OperationInProgress(
+                    f"{holder.owner} holds the change lock of {topic!r} for {holder.purpose} "
+                    f"({time.time() - holder.acquired_at:.1f} s)"
+                )
+            await asyncio.sleep(_LOCK_POLL_S)
         try:
             yield
         finally:
-            # A lost session released the lock already.
-            with suppress(*_CONNECTION_ERRORS):
-                await asyncio.to_thread(lock.release)
+            await self._release_lock(topic)
+
+    def _try_lock(self, topic: str, data: bytes) -> LockHolder | None:
+        """Take the lock (None) or say who holds it."""
+        path = self._lock_path(topic)
+        try:
+            # On a lost connection the create may still have happened: the node is then
+            # a leftover of this session, deleted by the next attempt or by
+            # release_leftover_locks.
+            _, stat = self._client.create(path, data, ephemeral=True, include_data=True)
+        except NodeExistsError:
+            pass
+        else:
+            self._held_locks[topic] = stat.czxid
+            return None
+        try:
+            raw, stat = self._client.get(path)
+        except NoNodeError:
+            return LockHolder("nobody", "a lock released meanwhile", time.time())
+        if stat.ephemeralOwner == self._client.client_id[0] and topic not in self._held_locks:
+            # Ours, yet not held: left by an interrupted attempt. Delete it and retry.
+            with suppress(NoNodeError, BadVersionError):
+                self._client.delete(path, version=stat.version)
+            return LockHolder("nobody", "a leftover of this sidecar", time.time())
+        if stat.ephemeralOwner == 0:
+            # A parent node of the lock recipe used before: empty, it is no lock.
+            with suppress(NoNodeError, NotEmptyError, BadVersionError):
+                self._client.delete(path, version=stat.version)
+            return LockHolder("nobody", "an old lock layout", time.time())
+        return _lock_holder(raw, stat)
+
+    async def _release_lock(self, topic: str) -> None:
+        czxid = self._held_locks.pop(topic, None)
+        if czxid is None:
+            return  # lost with the session already
+        try:
+            await self._run(self._delete_if_created, self._lock_path(topic), czxid)
+        except MetadataUnavailable:
+            # The node stays while this session lives: release_leftover_locks deletes it
+            # once ZooKeeper answers again (this store no longer counts it as held).
+            log.info("could not release the lock of %s now; it will be cleaned up", topic)
+
+    def _delete_if_created(self, path: str, czxid: int) -> None:
+        stat = self._client.exists(path)
+        if stat is not None and stat.czxid == czxid:
+            with suppress(NoNodeError, BadVersionError):
+                self._client.delete(path, version=stat.version)
+
+    async def release_leftover_locks(self) -> list[str]:
+        """Delete every lock node of this session that this store does not hold (left by
+        an interrupted acquisition or release); returns their topics."""
+        return await self._run(self._release_leftover_locks)
+
+    def _release_leftover_locks(self) -> list[str]:
+        released = []
+        session = self._client.client_id[0]
+        for topic in self._client.get_children(f"{self._root}/locks"):
+            stat = self._client.exists(self._lock_path(topic))
+            if stat is None or stat.ephemeralOwner != session or topic in self._held_locks:
+                continue
+            with suppress(NoNodeError, BadVersionError):
+                self._client.delete(self._lock_path(topic), version=stat.version)
+                released.append(topic)
+                log.warning("released a leftover change lock of %s", topic)
+        return released
+
+    def holds_lock(self, topic: str) -> bool:
+        return topic in self._held_locks
+
+    async def lock_holder(self, topic: str) -> LockHolder | None:
+        """Who holds the topic's change lock now, or None."""
+        return await self._run(self._lock_holder, topic)
+
+    def _lock_holder(self, topic: str) -> LockHolder | None:
+        try:
+            raw, stat = self._client.get(self._lock_path(topic))
+        except NoNodeError:
+            return None
+        if stat.ephemeralOwner == 0:
+            return None
+        return _lock_holder(raw, stat)
 
     async def save_operation(self, operation: Operation) -> None:
-        """Create or overwrite the topic's operation journal."""
+        """Create or overwrite the topic's operation journal. After this store has read or
+        written it, only if nobody else wrote it since: raises ChangeTakenOver then (a
+        coordinator that was paused must not overwrite its successor's progress)."""
         await self._run(self._save_operation, operation)
 
     def _save_operation(self, operation: Operation) -> None:
         path, data = self._ops_path(operation.topic), _encode(operation_to_json(operation))
+        expected = self._journal_versions.get(operation.topic)
         try:
-            self._client.set(path, data)
+            if expected is None:
+                stat = self._client.set(path, data)
+            else:
+                stat = self._client.set(path, data, version=expected)
+        except BadVersionError as exc:
+            self._journal_versions.pop(operation.topic, None)
+            raise ChangeTakenOver(
+                f"the journal of {operation.topic!r} was changed by another coordinator"
+            ) from exc
         except NoNodeError:
             self._client.create(path, data)
+            stat = self._client.exists(path)
+        if stat is not None:
+            self._journal_versions[operation.topic] = stat.version
+
+    def forget_journal_version(self, topic: str) -> None:
+        """Stop checking the journal's version (before starting a new change or resuming)."""
+        self._journal_versions.pop(topic, None)
 
     async def read_operation(self, topic: str) -> Operation | None:
         return await self._run(self._read_operation, topic)
 
     def _read_operation(self, topic: str) -> Operation | None:
-        raw = self._get_json(self._ops_path(topic))
-        return None if raw is None else operation_from_json(raw)
+        try:
+            raw, _ = self._client.get(self._ops_path(topic))
+        except NoNodeError:
+            return None
+        return operation_from_json(json.loads(raw))
+
+    async def take_over_operation(self, topic: str) -> Operation | None:
+        """Read the journal to drive it from now on: later saves by this store check that
+        nobody else wrote it in between."""
+        return await self._run(self._take_over_operation, topic)
+
+    def _take_over_operation(self, topic: str) -> Operation | None:
+        try:
+            raw, stat = self._client.get(self._ops_path(topic))
+        except NoNodeError:
+            self._journal_versions.pop(topic, None)
+            return None
+        self._journal_versions[topic] = stat.version
+        return operation_from_json(json.loads(raw))
 
     # Barrier --------------------------------------------------------------------------
 
@@ -585,12 +725,20 @@ class MetadataStore:
                     transaction.delete(f"{barrier}/{child}")
                 transaction.delete(barrier)
             ops_path, ops_data = self._ops_path(topic), _encode(operation_to_json(operation))
-            if self._client.exists(ops_path) is None:
+            expected = self._journal_versions.get(topic)
+            ops_stat = self._client.exists(ops_path)
+            if ops_stat is None:
                 transaction.create(ops_path, ops_data)
+            elif expected is not None and ops_stat.version != expected:
+                self._journal_versions.pop(topic, None)
+                raise ChangeTakenOver(
+                    f"the journal of {topic!r} was changed by another coordinator"
+                )
             else:
-                transaction.set_data(ops_path, ops_data)
+                transaction.set_data(ops_path, ops_data, version=ops_stat.version)
             try:
                 _commit(transaction)
+                self._journal_versions.pop(topic, None)
                 return
             except _RACE_ERRORS:
                 log.info("commit of generation %s of %s raced; retrying", number, topic)
@@ -654,15 +802,19 @@ class MetadataStore:
     def _ops_path(self, topic: str) -> str:
         return f"{self._root}/ops/{topic}"
 
+    def _lock_path(self, topic: str) -> str:
+        return f"{self._root}/locks/{topic}"
+
     def _producer_path(self, transactional_id: str) -> str:
         return f"{self._root}/producers/{transactional_id}"
 
 
-def _acquire(lock: Any, timeout: float) -> bool:
+def _lock_holder(raw: bytes, stat: Any) -> LockHolder:
     try:
-        return bool(lock.acquire(timeout=timeout))
-    except (LockTimeout, CancelledError):
-        return False
+        value = json.loads(raw)
+        return LockHolder(str(value["owner"]), str(value["purpose"]), float(value["acquired_at"]))
+    except (ValueError, KeyError, TypeError):
+        return LockHolder("unknown", "unknown", stat.ctime / 1000)
 
 
 def _commit(transaction: Any) -> None:

@@ -166,6 +166,14 @@ class OperationInProgress(SidecarError):
     default_message = "another partition-count change is in progress for this topic"
 
 
+class ChangeTakenOver(OperationInProgress):
+    """The change's journal was moved on by another coordinator (this one lost its lock,
+    e.g. paused past its ZooKeeper session): it stops, the other finishes the change."""
+
+    error_code = 40921
+    default_message = "another coordinator took the partition-count change over"
+
+
 class ChangeRolledBack(SidecarError):
     """A partition-count change was rolled back (barrier timeout, CreatePartitions failure).
 

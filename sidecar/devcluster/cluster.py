@@ -189,6 +189,13 @@ class LocalCluster:
         self._wait_exit("zookeeper", time.monotonic() + 30.0)
         self._save()
 
+    def pause_zookeeper(self) -> None:
+        """Freeze ZooKeeper (SIGSTOP): connections stay open, nothing is answered."""
+        self._signal("zookeeper", signal.SIGSTOP)
+
+    def resume_zookeeper(self) -> None:
+        self._signal("zookeeper", signal.SIGCONT)
+
     def start_zookeeper(self, timeout: float = 60.0) -> None:
         """Start ZooKeeper if it is not running and wait until it serves requests."""
         if not self._alive("zookeeper"):

@@ -8,6 +8,7 @@ nothing is half-managed, because only the ZooKeeper record makes a topic managed
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,7 +130,17 @@ class TopicAdmin:
             )
 
     async def describe(self, name: str) -> dict[str, Any]:
-        return describe_state(await self.store.read_topic(name))
+        """The topic's metadata, and who holds its change lock (and for how long)."""
+        state = await self.store.read_topic(name)
+        holder = await self.store.lock_holder(name)
+        lock = None
+        if holder is not None:
+            lock = {
+                "holder": holder.owner,
+                "purpose": holder.purpose,
+                "age_s": round(max(0.0, time.time() - holder.acquired_at), 3),
+            }
+        return describe_state(state) | {"lock": lock}
 
     async def _refuse_managed(self, name: str) -> None:
         try:

@@ -5,6 +5,12 @@ returned, turn their results into an observation, step. Because the record is
 persisted before its actions run and every action is idempotent, a coordinator that
 dies anywhere is finished by the next sidecar that takes the topic's lock and
 ``resume``\\ s the stored record (``resume_abandoned``).
+
+The lock says who drives a change: a journal that is not final while nobody holds the
+lock is abandoned (its coordinator died, or lost its session and with it the lock),
+and any sidecar's housekeeping resumes it. The journal is written compare-and-set, so
+a coordinator that was paused and finds its journal moved on stops instead of
+overwriting its successor's progress.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
-from sidecar.core.errors import OperationInProgress, SidecarError
+from sidecar.core.errors import ChangeTakenOver, OperationInProgress, SidecarError
 from sidecar.core.generations import PartitionMode, modes_after_commit
 from sidecar.core.procedures import (
     BEFORE_COMMIT,
@@ -108,20 +114,20 @@ class ChangeRunner:
         change holds the topic), MetadataUnavailable / KafkaUnavailable.
         """
         stored = await self.store.read_operation(request.topic)
-        if (
-            stored is not None
-            and stored.phase not in FINAL_PHASES
-            and stored.coordinator in await self.store.live_sidecars()
-        ):
-            raise OperationInProgress(
-                f"{stored.coordinator} is changing {request.topic} to "
-                f"{stored.target_count} partitions ({stored.phase.value})"
-            )
+        if stored is not None and stored.phase not in FINAL_PHASES:
+            holder = await self.store.lock_holder(request.topic)
+            if holder is not None:
+                raise OperationInProgress(
+                    f"{stored.coordinator} is changing {request.topic} to "
+                    f"{stored.target_count} partitions ({stored.phase.value}); the lock is "
+                    f"held by {holder.owner}"
+                )
         async with self.store.lock(request.topic, self.sidecar_id, LOCK_TIMEOUT_S):
-            # A change left unfinished by a dead coordinator comes first.
-            stored = await self.store.read_operation(request.topic)
+            # A change left unfinished (its coordinator died or lost the lock) comes first.
+            stored = await self.store.take_over_operation(request.topic)
             if stored is not None and stored.phase not in FINAL_PHASES:
                 await self._drive(stored, on_progress)
+                stored = await self.store.take_over_operation(request.topic)
             state = await self.store.read_topic(request.topic)
             current = state.current.undeleted_count
             grows = request.target_count > current
@@ -170,14 +176,13 @@ class ChangeRunner:
         )
 
     async def resume_abandoned(self, topic: str) -> Operation | None:
-        """Finish a change whose coordinator is gone; None if there is nothing to do."""
+        """Finish a change nobody drives (its journal is not final and its lock is free);
+        None if there is nothing to do. Raises OperationInProgress if the lock is taken."""
         stored = await self.store.read_operation(topic)
         if stored is None or stored.phase in FINAL_PHASES:
             return None
-        if stored.coordinator in await self.store.live_sidecars():
-            return None
-        async with self.store.lock(topic, self.sidecar_id, LOCK_TIMEOUT_S):
-            stored = await self.store.read_operation(topic)
+        async with self.store.lock(topic, self.sidecar_id, 0.0, purpose="resuming a change"):
+            stored = await self.store.take_over_operation(topic)
             if stored is None or stored.phase in FINAL_PHASES:
                 return None
             _log.warning("resuming %s of %s left by %s", stored.kind, topic, stored.coordinator)
@@ -218,10 +223,13 @@ class ChangeRunner:
                 phase_began = time.monotonic()
 
     async def _save_until_done(self, operation: Operation) -> None:
+        """Persist ``operation``; raises ChangeTakenOver if another coordinator took over."""
         while True:
             try:
                 await self.store.save_operation(operation)
                 return
+            except ChangeTakenOver:
+                raise
             except SidecarError as exc:
                 _log.warning("journal of %s not saved, retrying: %s", operation.topic, exc.message)
                 await asyncio.sleep(ACTION_RETRY_S)
@@ -238,6 +246,8 @@ class ChangeRunner:
         while True:
             try:
                 return await self._run(operation, action)
+            except ChangeTakenOver:
+                raise
             except (SidecarError, TimeoutError, OSError) as exc:
                 reason = exc.message if isinstance(exc, SidecarError) else repr(exc)
                 if operation.phase in BEFORE_COMMIT and time.time() >= operation.barrier_deadline:

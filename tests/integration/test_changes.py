@@ -12,6 +12,8 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
 from sidecar.core.routing import partition_for_key
 from sidecar.core.serialization import generation_from_json, log_from_generations
@@ -119,12 +121,18 @@ async def test_validate_only_and_invalid_counts_change_nothing(cluster: ClusterE
         assert description["operation"] is None
 
 
-async def test_a_change_left_by_a_dead_coordinator_is_finished(cluster: ClusterEndpoints) -> None:
+@pytest.mark.parametrize("coordinator", ["dead", "live without the lock"])
+async def test_a_change_nobody_drives_is_finished(
+    cluster: ClusterEndpoints, coordinator: str
+) -> None:
+    """A journal that is not final while nobody holds the topic's lock: its coordinator
+    died, or (alive) lost its session and with it the lock. Either way it is resumed."""
     topic = unique("orphan")
     async with running_sidecars(cluster, 2) as sidecars:
         await sidecars[0].create_topic(topic, 2, replication_factor=cluster.replication_factor)
         store = sidecars[0].server.store
-        # What a coordinator that died right after publishing the barrier leaves behind.
+        owner = "dead-sidecar" if coordinator == "dead" else sidecars[1].server.settings.sidecar_id
+        # What a coordinator that stopped right after publishing the barrier leaves behind.
         orphan = Operation(
             topic=topic,
             kind=OperationKind.EXPAND,
@@ -132,7 +140,7 @@ async def test_a_change_left_by_a_dead_coordinator_is_finished(cluster: ClusterE
             from_count=2,
             target_count=3,
             phase=Phase.BARRIER,
-            coordinator=SidecarId("dead-sidecar"),
+            coordinator=SidecarId(owner),
             started_at=time.time(),
             barrier_deadline=time.time() + 20,
             physical_count=3,
@@ -158,7 +166,8 @@ async def test_a_change_left_by_a_dead_coordinator_is_finished(cluster: ClusterE
         operation = description["operation"]
         assert isinstance(operation, dict)
         assert operation["phase"] == "done"
-        assert operation["coordinator"] == "dead-sidecar"
+        assert operation["coordinator"] == owner
+        assert description["lock"] is None
 
 
 async def test_compacted_topics_get_relocation_tombstones(cluster: ClusterEndpoints) -> None:

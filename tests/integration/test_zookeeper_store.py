@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.errors import (
+    ChangeTakenOver,
     MetadataUnavailable,
     OperationInProgress,
     TopicAlreadyManaged,
@@ -22,6 +23,7 @@ from sidecar.core.generations import Boundary, GenerationLog, PartitionMode, mod
 from sidecar.core.procedures import Operation, OperationKind, Phase, SessionState, SidecarId
 from sidecar.core.topics import PendingBarrier, TopicConfig
 from sidecar.devcluster.provider import ClusterEndpoints
+from tests.support.waiting import eventually
 
 RW = PartitionMode.READ_WRITE
 WAIT_S = 10.0
@@ -153,6 +155,27 @@ async def test_operation_journal(store: MetadataStore) -> None:
     await store.save_operation(finished)
     assert await store.read_operation("orders") == finished
     assert (await store.read_topic("orders")).operation == finished
+
+
+async def test_a_journal_taken_over_refuses_its_former_writer(
+    cluster: ClusterEndpoints, root: str, store: MetadataStore
+) -> None:
+    """A coordinator paused past its session lost the lock; another took the journal
+    over and moved it on. The first one's next save must fail, not overwrite."""
+    await _managed_topic(store)
+    operation = _operation("orders")
+    await store.take_over_operation("orders")
+    await store.save_operation(operation)
+    async with _started(cluster, root) as successor:
+        taken = await successor.take_over_operation("orders")
+        assert taken == operation
+        await successor.save_operation(dataclasses.replace(operation, phase=Phase.FENCING))
+    with pytest.raises(ChangeTakenOver):
+        await store.save_operation(dataclasses.replace(operation, phase=Phase.ROLLING_BACK))
+    assert (await store.read_operation("orders")).phase is Phase.FENCING  # type: ignore[union-attr]
+    # Taking it over again (after the lock) makes this store its writer once more.
+    await store.take_over_operation("orders")
+    await store.save_operation(dataclasses.replace(operation, phase=Phase.DONE))
 
 
 # Barrier and commit ---------------------------------------------------------------------
@@ -304,3 +327,71 @@ async def test_registration_survives_an_expired_session(
         await _next_state(states, SessionState.CONNECTED)
 
         await _until_registered(store, "a")
+
+
+async def test_a_leftover_lock_of_this_session_is_released(
+    cluster: ClusterEndpoints, root: str, store: MetadataStore
+) -> None:
+    """What an acquisition interrupted after its create reached ZooKeeper leaves: a lock
+    node of this (still live) session that the store does not count as held. It blocks
+    the other sidecars only until the leftover sweep or this store's next attempt."""
+    path = f"{root}/locks/orders"
+    await asyncio.to_thread(store._client.create, path, b"{}", ephemeral=True)
+    async with _started(cluster, root) as other:
+        with pytest.raises(OperationInProgress):
+            async with other.lock("orders", "b", timeout=0.2):
+                pass
+        assert await store.release_leftover_locks() == ["orders"]
+        assert await store.release_leftover_locks() == []
+        async with other.lock("orders", "b", timeout=0.2):
+            holder = await store.lock_holder("orders")
+            assert holder is not None
+            assert (holder.owner, holder.purpose) == ("b", "change")
+            # Held by another session: never a leftover of this one.
+            assert await store.release_leftover_locks() == []
+        assert await store.lock_holder("orders") is None
+    # This store's own next attempt clears a leftover of its session too.
+    await asyncio.to_thread(store._client.create, path, b"{}", ephemeral=True)
+    async with store.lock("orders", "a", timeout=1.0):
+        assert store.holds_lock("orders")
+    assert not store.holds_lock("orders")
+
+
+async def test_a_lock_attempt_interrupted_by_a_zookeeper_pause_leaves_no_lock(
+    cluster: ClusterEndpoints, root: str
+) -> None:
+    """ZooKeeper frozen (SIGSTOP) for less than the session timeout while a lock is being
+    taken: whatever the attempt answered, once ZooKeeper is back and the leftover sweep
+    has run, nobody holds the lock and another sidecar takes it at once."""
+    if cluster.local is None:
+        pytest.skip("pausing ZooKeeper needs the local cluster")
+    local = cluster.local
+    async with _started(cluster, root, session_timeout_s=10.0) as store:
+
+        async def attempt() -> str:
+            try:
+                async with store.lock("orders", "a", timeout=3.0):
+                    return "held"
+            except MetadataUnavailable:
+                return "interrupted"
+
+        await asyncio.to_thread(local.pause_zookeeper)
+        try:
+            pending = asyncio.create_task(attempt())
+            await asyncio.sleep(5.0)
+        finally:
+            await asyncio.to_thread(local.resume_zookeeper)
+        outcome = await asyncio.wait_for(pending, 30)
+        assert outcome in ("held", "interrupted")
+        async with _started(cluster, root) as other:
+
+            async def swept() -> bool:
+                try:
+                    await store.release_leftover_locks()
+                except MetadataUnavailable:
+                    return False
+                return await store.lock_holder("orders") is None
+
+            await eventually(swept, 15, "no lock node left after the pause")
+            async with other.lock("orders", "b", timeout=0.5):
+                pass
