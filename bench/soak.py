@@ -35,13 +35,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from bench.machine import remove_data
 from bench.report import command_line, machine_lines, markdown_table, write_result
+from sidecar.config import Settings
 from sidecar.devcluster.install import KAFKA_VERSION
 from sidecar.devcluster.provider import provide_cluster
 from tests.integration.ledger import (
@@ -251,10 +252,14 @@ async def run(plan: Plan) -> Outcome:
         tasks: list[asyncio.Task[None]] = []
         try:
             for index in range(SIDECARS):
-                settings = settings_for(cluster, root, f"soak{index}")
-                # The sidecar's defaults, not the tests' shorter request timeout.
-                settings = replace(
-                    settings, kafka=replace(settings.kafka, request_timeout_ms=30_000)
+                # The sidecar's default timing, not the tests' shorter one.
+                defaults = Settings(sidecar_id="defaults")
+                settings = settings_for(
+                    cluster,
+                    root,
+                    f"soak{index}",
+                    session_timeout_s=defaults.zookeeper.session_timeout_s,
+                    request_timeout_ms=defaults.kafka.request_timeout_ms,
                 )
                 sidecars.append(await start_process(settings))
             pids = [s.process.pid for s in sidecars]

@@ -20,6 +20,7 @@ Example file::
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
 import uuid
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "ORDERED_SIDECAR__"
+_SIDECAR_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
 
@@ -40,7 +42,12 @@ class ConfigError(ValueError):
 class KafkaSettings:
     bootstrap_servers: str = "127.0.0.1:9092"
     client_id: str = "ordered-sidecar"
-    request_timeout_ms: int = 30_000
+    request_timeout_ms: int = 10_000
+    """How long any Kafka request may take, a produce's replication included."""
+    replication_margin_ms: int = 2_000
+    """How long an appended record may take to reach the high watermark after its request
+    timed out (follower fetch waits, a leader change). With ``request_timeout_ms`` it is
+    what ``zookeeper.session_timeout_s`` must exceed (see ``Settings.validate``)."""
     transaction_timeout_ms: int = 20_000
     """Kafka aborts a transaction of this sidecar left open longer (a paused process)."""
     client: Mapping[str, str | int | bool] = field(default_factory=dict)
@@ -58,7 +65,8 @@ class KafkaSettings:
 class ZooKeeperSettings:
     hosts: str = "127.0.0.1:2181"
     root: str = "/ordered"
-    session_timeout_s: float = 10.0
+    session_timeout_s: float = 15.0
+    """A sidecar cut off (or paused) this long is no longer waited for by barriers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,38 @@ class Settings:
     audit: AuditSettings = field(default_factory=AuditSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
 
+    def validate(self) -> Settings:
+        """Refuse combinations that break the timing the design rests on; returns self.
+
+        Raises ConfigError naming the settings involved.
+        """
+        if not _SIDECAR_ID.fullmatch(self.sidecar_id):
+            raise ConfigError(
+                f"sidecar_id {self.sidecar_id!r} must be 1-200 of a-z A-Z 0-9 . _ - "
+                "(it names ZooKeeper nodes and Kafka transactional ids)"
+            )
+        session_ms = self.zookeeper.session_timeout_s * 1000
+        send_ms = self.kafka.request_timeout_ms + self.kafka.replication_margin_ms
+        if session_ms <= send_ms:
+            raise ConfigError(
+                f"zookeeper.session_timeout_s ({self.zookeeper.session_timeout_s:g} s) must exceed "
+                f"kafka.request_timeout_ms + kafka.replication_margin_ms ({send_ms / 1000:g} s): "
+                "a sidecar whose session expired must have no send left that could still land"
+            )
+        if self.produce.barrier_timeout_s <= self.zookeeper.session_timeout_s:
+            raise ConfigError(
+                f"produce.barrier_timeout_s ({self.produce.barrier_timeout_s:g} s) must exceed "
+                f"zookeeper.session_timeout_s ({self.zookeeper.session_timeout_s:g} s): otherwise "
+                "a crashed sidecar rolls every change back instead of being left behind"
+            )
+        if self.kafka.transaction_timeout_ms <= self.kafka.request_timeout_ms:
+            raise ConfigError(
+                f"kafka.transaction_timeout_ms ({self.kafka.transaction_timeout_ms}) must exceed "
+                f"kafka.request_timeout_ms ({self.kafka.request_timeout_ms}): a transaction "
+                "commits within one request timeout"
+            )
+        return self
+
 
 _SECTIONS: dict[str, type[Any]] = {
     "kafka": KafkaSettings,
@@ -161,7 +201,7 @@ def load_settings(path: Path | None = None, environ: Mapping[str, str] | None = 
         built = _build_section(_SECTIONS[section], section, values)
         _validate(section, built)
         settings = replace(settings, **{section: built})
-    return settings
+    return settings.validate()
 
 
 def _build_section(cls: type[Any], section: str, values: dict[str, Any]) -> Any:
@@ -231,3 +271,5 @@ def _validate(section: str, values: Any) -> None:
         raise ConfigError(
             "kafka.request_timeout_ms and kafka.transaction_timeout_ms must be positive"
         )
+    if section == "kafka" and values.replication_margin_ms < 0:
+        raise ConfigError("kafka.replication_margin_ms must not be negative")

@@ -42,7 +42,7 @@ SHUTDOWN_GRACE_S = 30.0
 
 class SidecarServer:
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+        self.settings = settings.validate()
         self.metrics = SidecarMetrics()
         self.store = MetadataStore(
             settings.zookeeper.hosts,

@@ -34,6 +34,8 @@ from sidecar.server import SidecarServer
 from tests.support.waiting import eventually
 
 ADMIN_TOKEN = "test-token"
+TEST_REPLICATION_MARGIN_MS = 1_000
+"""Replicas of the local cluster catch up within a fetch wait (500 ms)."""
 JSON_V2 = "application/vnd.kafka.json.v2+json"
 BINARY_V2 = "application/vnd.kafka.binary.v2+json"
 
@@ -54,10 +56,20 @@ def settings_for(
     withhold_barrier_acks: bool = False,
     stop_before_commit: int = 0,
     zookeeper_hosts: str | None = None,
+    request_timeout_ms: int | None = None,
 ) -> Settings:
+    """Settings of a test sidecar. The Kafka request timeout defaults to what the session
+    timeout allows (``Settings.validate``: a session outlives every send)."""
+    margin_ms = TEST_REPLICATION_MARGIN_MS
+    if request_timeout_ms is None:
+        request_timeout_ms = max(2_000, int(session_timeout_s * 1000) - margin_ms - 1_000)
     return Settings(
         sidecar_id=f"{name}-{uuid.uuid4().hex[:6]}",
-        kafka=KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=10_000),
+        kafka=KafkaSettings(
+            bootstrap_servers=cluster.kafka_bootstrap,
+            request_timeout_ms=request_timeout_ms,
+            replication_margin_ms=margin_ms,
+        ),
         zookeeper=ZooKeeperSettings(
             hosts=zookeeper_hosts or cluster.zookeeper_hosts,
             root=root,

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -57,6 +57,7 @@ from tests.integration.sidecars import (
     wait_for_final_operation,
 )
 
+_BROKER_KILL_TIMING: dict[str, Any] = {"session_timeout_s": 17.0, "request_timeout_ms": 14_000}
 HELD_OR_UNAVAILABLE = {(503, 50330), (503, 50320)}
 """Held past the hold timeout / metadata unavailable: retriable, nothing written."""
 
@@ -72,7 +73,7 @@ async def _processes(
     cluster: ClusterEndpoints,
     *options: dict[str, Any],
     root: str | None = None,
-    request_timeout_ms: int = 10_000,
+    request_timeout_ms: int | None = None,
 ) -> AsyncIterator[list[SidecarProcess]]:
     """Sidecar processes sharing a ZooKeeper root (a fresh one by default), one per
     ``options`` (keyword arguments of ``settings_for``); all stopped (or reaped, if
@@ -81,9 +82,8 @@ async def _processes(
     started: list[SidecarProcess] = []
     try:
         for index, extra in enumerate(options):
-            settings = settings_for(cluster, root, f"f{index}", **extra)
-            kafka = replace(settings.kafka, request_timeout_ms=request_timeout_ms)
-            started.append(await start_process(replace(settings, kafka=kafka)))
+            extra = {"request_timeout_ms": request_timeout_ms} | extra
+            started.append(await start_process(settings_for(cluster, root, f"f{index}", **extra)))
         yield started
     finally:
         await asyncio.gather(*(stop_process(p) for p in started), return_exceptions=True)
@@ -208,18 +208,20 @@ async def test_a_broker_killed_during_an_expansion(
     local = _local(cluster)
     topic, group, root = unique(f"broker-kill-{victim_role}"), unique("group"), unique("/bk")
     load = _Load()
-    # Producing sidecars get the default request timeout (30 s): a send to the dead
-    # leader is retried until the controller moves leadership (its broker session
-    # timeout is 9 s), not failed. The coordinator runs in this process so that the test
-    # can tell which broker its admin client talks to.
-    coordinator = SidecarServer(settings_for(cluster, root, "coordinator"))
+    # Every sidecar gets a request timeout of 14 s (and so a session of 17 s): a send to
+    # the dead leader is retried until the controller moves leadership (its broker
+    # session timeout is 9 s), not failed. The coordinator runs in this process so that
+    # the test can tell which broker its admin client talks to.
+    coordinator = SidecarServer(settings_for(cluster, root, "coordinator", **_BROKER_KILL_TIMING))
     await coordinator.start()
     admin = SidecarClient(
         coordinator.url, coordinator.settings.sidecar_id, aiohttp.ClientSession(coordinator.url)
     )
     restart: asyncio.Task[None] | None = None
     try:
-        async with _processes(cluster, {}, {}, root=root, request_timeout_ms=30_000) as sidecars:
+        async with _processes(
+            cluster, _BROKER_KILL_TIMING, _BROKER_KILL_TIMING, root=root
+        ) as sidecars:
             # Created through another sidecar: the coordinator's admin client then has no
             # connection to its controller whose closing would refresh its metadata.
             await sidecars[0].create_topic(topic, 3, replication_factor=cluster.replication_factor)

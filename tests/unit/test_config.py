@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
         path,
         environ={
             "ORDERED_SIDECAR__KAFKA__BOOTSTRAP_SERVERS": "env:9092",
-            "ORDERED_SIDECAR__ZOOKEEPER__SESSION_TIMEOUT_S": "6.5",
+            "ORDERED_SIDECAR__ZOOKEEPER__SESSION_TIMEOUT_S": "16.5",
             "ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "yes",
             "ORDERED_SIDECAR__HTTP__ADMIN_TOKEN": "t0ken",
             "ORDERED_SIDECAR__KAFKA__CLIENT__SASL_PLAIN_PASSWORD": "hunter2",
@@ -40,7 +41,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     assert settings.sidecar_id == "a"
     assert settings.kafka.bootstrap_servers == "env:9092"
     assert settings.http.port == 9000
-    assert settings.zookeeper.session_timeout_s == 6.5
+    assert settings.zookeeper.session_timeout_s == 16.5
     assert settings.http.admin_enabled is True
     assert settings.kafka.client == {"sasl_plain_password": "hunter2"}
     assert "hunter2" not in repr(settings)
@@ -61,15 +62,46 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
         ('[zookeeper]\nroot = "ordered"\n', {}, "absolute path"),
         ("[kafka]\nclient = 3\n", {}, "kafka.client must be a table"),
         ("[http\n", {}, "not valid TOML"),
+        (
+            "[zookeeper]\nsession_timeout_s = 10\n",
+            {},
+            "zookeeper.session_timeout_s (10 s) must exceed kafka.request_timeout_ms "
+            "+ kafka.replication_margin_ms (12 s)",
+        ),
+        (
+            "[kafka]\nrequest_timeout_ms = 30000\n",
+            {},
+            "zookeeper.session_timeout_s (15 s) must exceed",
+        ),
+        (
+            "[zookeeper]\nsession_timeout_s = 25\n",
+            {},
+            "produce.barrier_timeout_s (20 s) must exceed zookeeper.session_timeout_s (25 s)",
+        ),
+        (
+            "[kafka]\ntransaction_timeout_ms = 5000\n",
+            {},
+            "kafka.transaction_timeout_ms (5000) must exceed kafka.request_timeout_ms",
+        ),
+        ('sidecar_id = "a/b"\n', {}, "sidecar_id"),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_named(
     tmp_path: Path, text: str, environ: dict[str, str], message: str
 ) -> None:
-    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_settings(_write(tmp_path, text), environ=environ)
 
 
 def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(tmp_path / "absent.toml", environ={})
+
+
+def test_the_default_timing_keeps_the_zombie_argument() -> None:
+    """The defaults must pass their own rule: a session outlives every send."""
+    settings = load_settings(environ={})
+    assert settings.zookeeper.session_timeout_s * 1000 > (
+        settings.kafka.request_timeout_ms + settings.kafka.replication_margin_ms
+    )
+    assert settings.produce.barrier_timeout_s > settings.zookeeper.session_timeout_s
