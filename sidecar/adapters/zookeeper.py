@@ -22,6 +22,9 @@ in the shapes of ``sidecar.core.serialization``::
     <root>/groups/<group>/waits/<t>:<q>:<b>:<instance>
                                              ephemeral: an instance waits for the group
                                              to consume partition q of t up to offset b
+    <root>/groups/<group>/revoked/<t>:<q>:<g>
+                                             the group's app acknowledged keys_revoked of
+                                             partition q of t for change g (written once)
 
 A commit changes the generation log, the current generation, the modes, the pending
 barrier and the journal in one multi-op transaction, so a reader never sees half of it.
@@ -334,6 +337,32 @@ class MetadataStore:
             if wait_topic == topic:
                 highest[int(source)] = max(highest.get(int(source), 0), int(boundary))
         return highest
+
+    async def acknowledge_revocation(
+        self, group: str, topic: str, partition: int, generation: int
+    ) -> None:
+        """Record that ``group``'s app acknowledged keys_revoked of ``partition`` for change
+        ``generation`` (persistent, idempotent): the gate of the keys' new partition waits
+        for it, whichever sidecar it consults."""
+        path = f"{self._root}/groups/{group}/revoked/{topic}:{partition}:{generation}"
+        await self._run(self._client.ensure_path, path)
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
+        """``(partition, generation)`` of every keys_revoked of ``topic`` that ``group``
+        acknowledged."""
+        try:
+            names = await self._run(
+                self._client.get_children, f"{self._root}/groups/{group}/revoked"
+            )
+        except NoNodeError:
+            return set()
+        acknowledged = set()
+        for name in names:
+            # Topic names may not contain ":" (they are validated).
+            revoked_topic, partition, generation = name.rsplit(":", 2)
+            if revoked_topic == topic:
+                acknowledged.add((int(partition), int(generation)))
+        return acknowledged
 
     # Topics ---------------------------------------------------------------------------
 

@@ -15,6 +15,9 @@ highest boundary), since consuming further implies consuming less far.
 "Consumed up to ``b``" means: the group's committed offset for ``q`` is at least
 ``b`` (a real Kafka group offset, so it survives restarts), or ``q``'s log start
 is at least ``b`` (the data below the boundary no longer exists), or ``q`` is removed.
+A committed offset also needs the key hand-off done: the group has acknowledged every
+``keys_revoked`` of ``q`` up to change ``k`` (``GroupProgress.revoked_through``, see
+``sidecar.core.handoff``), so the app flushed ``q``'s state before ``p`` loads it.
 
 Why no wait can be part of a cycle: a record of generation ``g`` waits only for
 records below ``boundary_k[q]`` with ``k <= g``, and those all belong to generations
@@ -53,6 +56,9 @@ class GroupProgress:
     committed: Mapping[int, int]
     log_start: Mapping[int, int]
     modes: Sequence[PartitionMode]
+    revoked_through: Mapping[int, int] | None = None
+    """Per partition, the newest change up to which the group acknowledged every
+    ``keys_revoked`` of it; None: no hand-off is tracked (every one counts as done)."""
 
     def consumed_up_to(self, partition: int, boundary: int) -> bool:
         """True if the group has nothing left to read below ``boundary`` in ``partition``."""
@@ -60,6 +66,19 @@ class GroupProgress:
             return True
         position = max(self.committed.get(partition, 0), self.log_start.get(partition, 0))
         return position >= boundary
+
+    def met(self, wait: Wait) -> bool:
+        """True if the group consumed the wait's source up to its boundary and, where
+        it read those records itself, acknowledged that their keys moved away."""
+        source = wait.source
+        if source < len(self.modes) and self.modes[source] is PartitionMode.REMOVED:
+            return True
+        if self.log_start.get(source, 0) >= wait.boundary:
+            return True  # the records are gone: nobody reads them, nobody flushes
+        if self.committed.get(source, 0) < wait.boundary:
+            return False
+        through = self.revoked_through
+        return through is None or through.get(source, -1) >= wait.generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,4 +163,4 @@ def unmet(waits: Sequence[Wait], progress: GroupProgress) -> tuple[Wait, ...]:
     Split from ``gate`` so that a caller deciding many records of one (partition,
     generation) computes ``waits_into`` once.
     """
-    return tuple(w for w in waits if not progress.consumed_up_to(w.source, w.boundary))
+    return tuple(w for w in waits if not progress.met(w))

@@ -9,12 +9,19 @@ Two events per generation change ``k`` that moves keys from partition ``q`` to `
 * **keys assigned** ``(p, g)``: before the first record of ``p`` whose generation ``g``
   has waits (a gated record) is delivered, the app loads state for ``p``'s new keys.
 
-Because the gate opens only after the commit that followed the revocation, revoked
-``(q)`` always completes before assigned ``(p)`` starts.
+The revocation is told once the instance that consumes ``q`` has delivered it up to
+the boundary, also when that happened before the change committed (a group that had
+caught up: produces are held during the barrier, so this is the common case). The group
+acknowledges each revocation once, whoever tells it (``acknowledged`` below, kept in
+ZooKeeper), and the gate of ``p`` opens only once every revocation of ``q`` up to the
+change is acknowledged (``revoked_through``): revoked ``(q)`` always completes before
+assigned ``(p)`` starts, and a new owner of ``q`` tells what its predecessor had not got
+acknowledged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -78,6 +85,41 @@ def revocation_points(log: GenerationLog, partition: int) -> tuple[Revocation, .
         if partition in sources and boundary is not None:
             points.append(Revocation(partition, number, boundary))
     return tuple(points)
+
+
+def revocations_due(
+    log: GenerationLog, partition: int, delivered_to: int, acknowledged: Set[tuple[int, int]]
+) -> list[Revocation]:
+    """Revocations the instance consuming ``partition`` must tell now, oldest first.
+
+    Every change that moved keys away from ``partition`` at a boundary the instance has
+    delivered up to (``delivered_to``: the next offset to deliver, past markers and
+    skipped records) and that the group has not acknowledged yet, as ``(partition,
+    generation)`` in ``acknowledged``. A boundary at 0 is left out: nothing was there.
+    """
+    return [
+        revocation
+        for revocation in revocation_points(log, partition)
+        if 0 < revocation.boundary <= delivered_to
+        and (partition, revocation.generation) not in acknowledged
+    ]
+
+
+def revoked_through(log: GenerationLog, acknowledged: Set[tuple[int, int]]) -> Mapping[int, int]:
+    """Per physical partition, the newest generation up to which every revocation of its
+    keys is acknowledged by the group (the current generation if all are).
+
+    The gate holds a record that waits on ``(q, k)`` until ``revoked_through[q] >= k``.
+    """
+    through: dict[int, int] = {}
+    for partition in range(log.current.physical_count):
+        reached = log.current.number
+        for revocation in revocation_points(log, partition):
+            if revocation.boundary > 0 and (partition, revocation.generation) not in acknowledged:
+                reached = revocation.generation - 1
+                break
+        through[partition] = reached
+    return through
 
 
 def is_gated(log: GenerationLog, partition: int, generation: int) -> bool:

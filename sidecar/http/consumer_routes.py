@@ -257,5 +257,5 @@ async def acknowledge_events(request: web.Request) -> web.Response:
         await request.read(), content_type=request.headers.get("Content-Type")
     )
     async with instance.lock:
-        instance.acknowledge_events(event_ids)
+        await instance.acknowledge_events(event_ids)
     return web.Response(status=204)

@@ -11,8 +11,11 @@ Waiting instances announce their waits in ZooKeeper; an owner of a blocking part
 that auto-commits commits at once when someone waits past its delivered position,
 instead of at its next commit interval.
 
-Key hand-off (``sidecar.core.handoff``): before a commit of ``q`` reaches a boundary
-where ``q``'s keys moved away, the app is told "keys revoked"; before the first gated
+Key hand-off (``sidecar.core.handoff``): once the instance consuming ``q`` has
+delivered it up to a boundary where ``q``'s keys moved away (also when that happened
+before the change: a caught-up group), and before it delivers past it or commits past
+it, the app is told "keys revoked"; the group records the acknowledgement in ZooKeeper,
+and the gate of the keys' new partition ``p`` waits for it. Before the first gated
 record of ``p`` is delivered, "keys assigned". Either by calling the app's callback URL
 (and waiting for a 2xx), or as events in the poll response that the app acknowledges.
 """
@@ -59,6 +62,8 @@ from sidecar.core.handoff import (
     Revocation,
     revocation_points,
     revocations_crossed,
+    revocations_due,
+    revoked_through,
 )
 from sidecar.core.placement import GENERATION_HEADER, RELOCATION_HEADER, SIDECAR_HEADER
 from sidecar.service.sidecar import Sidecar, TopicRuntime
@@ -217,7 +222,11 @@ class ConsumerInstance:
         self._partitions: dict[TopicPartition, _PartitionState] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._announced: set[tuple[str, int, int]] = set()
-        self._revoked_acked: set[tuple[str, int, int]] = set()
+        self._revoked: dict[str, set[tuple[int, int]]] = {}
+        """Per topic, the ``(partition, generation)`` revocations the group acknowledged:
+        this instance's own, and what it last read of the group's in ZooKeeper."""
+        self._unrecorded: set[tuple[str, int, int]] = set()
+        """Acknowledged here but not written to ZooKeeper yet (it was away)."""
         self._events: dict[int, HandoffEvent] = {}
         self._event_ids = itertools.count(1)
         self._waits: dict[tuple[str, int, int], tuple[float, ChangeKind]] = {}
@@ -378,10 +387,25 @@ class ConsumerInstance:
 
     async def _release_locked(self, max_bytes: int | None) -> PollResult:
         released: list[Delivered] = []
-        size = 0
         events = list(self._events.values())
         # Under the delivery lock, which the rebalance listener takes to queue them.
         notices, self._notices = self._notices, []
+        try:
+            return await self._release_partitions(released, events, notices, max_bytes)
+        except BaseException:
+            # A callback that failed, ZooKeeper or Kafka away: what was taken from the
+            # buffers goes back, so it is delivered, never lost, on the next poll.
+            self.undeliver(PollResult(released, [], notices))
+            raise
+
+    async def _release_partitions(
+        self,
+        released: list[Delivered],
+        events: list[HandoffEvent],
+        notices: list[AssignmentNotice],
+        max_bytes: int | None,
+    ) -> PollResult:
+        size = 0
         progress_by_topic: dict[str, GroupProgress] = {}
         for tp in sorted(self._partitions):
             state = self._partitions.get(tp)
@@ -423,6 +447,10 @@ class ConsumerInstance:
                 size += record_size
                 released.append(_delivered(record))
             state.skip_invisible()
+            # Events go before records in a response: a revocation told alongside the
+            # partition's last records would reach the app before them. Next poll, then.
+            if check is not None and tp not in self._revoking and len(released) == released_before:
+                await self._tell_due_revocations(check, state, events)
             # Counted once per partition and release: per record, the labelled metric
             # lookups cost as much as the rest of the release.
             self.consumers.metrics_delivered(tp, released[released_before:], runtime)
@@ -461,9 +489,8 @@ class ConsumerInstance:
         """
         if check.first_revocation is None or offset < check.first_revocation:
             return True
-        committed = (await check.progress()).committed.get(check.tp.partition, 0)
         for revocation in check.revocations:
-            if not committed < revocation.boundary <= offset:
+            if not 0 < revocation.boundary <= offset:
                 continue
             pending = await self._revocation_pending(check.tp.topic, revocation)
             if pending is not None:
@@ -471,6 +498,36 @@ class ConsumerInstance:
                     events.append(pending)
                 return False
         return True
+
+    async def _tell_due_revocations(
+        self, check: _PartitionCheck, state: _PartitionState, events: list[HandoffEvent]
+    ) -> None:
+        """Tell the app of every change that moved keys away from this partition at a
+        boundary it has delivered up to and the group has not acknowledged yet.
+
+        Also when the group had reached the boundary before the change committed: that
+        is the common case (produces are held during the barrier, so consumers catch
+        up), and the app must flush its state for the keys all the same.
+        """
+        if check.first_revocation is None or state.delivered is None:
+            return
+        if state.delivered < check.first_revocation:
+            return
+        log, tp = check.runtime.state.log, check.tp
+        if not revocations_due(log, tp.partition, state.delivered, self._acknowledged(tp.topic)):
+            return
+        await check.progress()  # reads the group's acknowledgements once per release
+        for revocation in revocations_due(
+            log, tp.partition, state.delivered, self._acknowledged(tp.topic)
+        ):
+            try:
+                # Nothing of this instance waits for it: one try per poll, not a stall.
+                pending = await self._revocation_pending(tp.topic, revocation, patient=False)
+            except CallbackFailed as exc:
+                _log.info("keys_revoked callback deferred to the next poll: %s", exc.message)
+                return
+            if pending is not None and pending not in events:
+                events.append(pending)
 
     def _record_lag(self, tp: TopicPartition, state: _PartitionState) -> None:
         if self._consumer is None or state.delivered is None:
@@ -579,7 +636,39 @@ class ConsumerInstance:
         kafka = self.sidecar.kafka
         committed = await kafka.committed_offsets(self.config.group, topic, count)
         log_start = await kafka.log_start_offsets(topic, count)
-        return GroupProgress(committed, dict(enumerate(log_start)), runtime.state.modes)
+        await self._record_unrecorded()
+        group_acknowledged = await self.sidecar.store.acknowledged_revocations(
+            self.config.group, topic
+        )
+        acknowledged = self._revoked.setdefault(topic, set())
+        acknowledged |= group_acknowledged
+        return GroupProgress(
+            committed,
+            dict(enumerate(log_start)),
+            runtime.state.modes,
+            revoked_through=revoked_through(runtime.state.log, acknowledged),
+        )
+
+    def _acknowledged(self, topic: str) -> set[tuple[int, int]]:
+        return self._revoked.setdefault(topic, set())
+
+    async def _record_revoked(self, topic: str, partition: int, generation: int) -> None:
+        """The app acknowledged keys_revoked: remember it, and tell the group (the gate of
+        the keys' new partition, on any sidecar, waits for it)."""
+        self._acknowledged(topic).add((partition, generation))
+        self._unrecorded.add((topic, partition, generation))
+        await self._record_unrecorded()
+
+    async def _record_unrecorded(self) -> None:
+        for topic, partition, generation in sorted(self._unrecorded):
+            try:
+                await self.sidecar.store.acknowledge_revocation(
+                    self.config.group, topic, partition, generation
+                )
+            except SidecarError as exc:
+                _log.info("keys_revoked acknowledgement kept for later: %s", exc.message)
+                return
+            self._unrecorded.discard((topic, partition, generation))
 
     async def _announce_wait(
         self, topic: str, source: int, boundary: int, kind: ChangeKind
@@ -647,19 +736,31 @@ class ConsumerInstance:
         events.append(event)
         return False
 
-    def acknowledge_events(self, event_ids: Iterable[int]) -> None:
+    async def acknowledge_events(self, event_ids: Iterable[int]) -> None:
+        """The app handled these events. Raises BadRequest for an id that is not pending
+        (and then acknowledges none of them)."""
+        event_ids = list(event_ids)
+        unknown = [event_id for event_id in event_ids if event_id not in self._events]
+        if unknown:
+            raise BadRequest(f"no pending event {unknown[0]}")
         for event_id in event_ids:
-            event = self._events.pop(event_id, None)
-            if event is None:
-                raise BadRequest(f"no pending event {event_id}")
+            event = self._events.pop(event_id)
             if event.kind is HandoffKind.KEYS_REVOKED:
-                self._revoked_acked.add((event.topic, event.partition, event.generation))
+                await self._record_revoked(event.topic, event.partition, event.generation)
             else:
                 self._announced.add((event.topic, event.partition, event.generation))
 
     async def _call_back(
-        self, kind: HandoffKind, topic: str, partition: int, generation: int
+        self,
+        kind: HandoffKind,
+        topic: str,
+        partition: int,
+        generation: int,
+        *,
+        patient: bool = True,
     ) -> None:
+        """POST the hand-off event and wait for a 2xx; retried for 30 s if ``patient``,
+        else for one callback timeout. Raises CallbackFailed."""
         body = {
             "type": kind.value,
             "group": self.config.group,
@@ -668,9 +769,10 @@ class ConsumerInstance:
             "partition": partition,
             "generation": generation,
         }
-        failure = await self._post_callback(
-            kind, body, within_s=max(30.0, self.config.callback_timeout_s)
-        )
+        within_s = self.config.callback_timeout_s
+        if patient:
+            within_s = max(30.0, within_s)
+        failure = await self._post_callback(kind, body, within_s=within_s)
         if failure is not None:
             raise CallbackFailed(
                 f"{kind.value} callback for {topic}[{partition}] failed: {failure}; "
@@ -831,18 +933,25 @@ class ConsumerInstance:
                 f"{revocation.boundary}; it is in the next records response"
             )
 
-    async def _revocation_pending(self, topic: str, revocation: Revocation) -> HandoffEvent | None:
+    async def _revocation_pending(
+        self, topic: str, revocation: Revocation, *, patient: bool = True
+    ) -> HandoffEvent | None:
         """None once the app knows of ``revocation`` (its callback answered, or its event
         was acknowledged); otherwise the event it still has to acknowledge, created on
-        first need. In callback mode this calls the callback."""
+        first need. In callback mode this calls the callback (see ``_call_back``; raises
+        CallbackFailed)."""
         key = (topic, revocation.partition, revocation.generation)
-        if key in self._revoked_acked:
+        if (revocation.partition, revocation.generation) in self._acknowledged(topic):
             return None
         if self.config.callback_url is not None:
             await self._call_back(
-                HandoffKind.KEYS_REVOKED, topic, revocation.partition, revocation.generation
+                HandoffKind.KEYS_REVOKED,
+                topic,
+                revocation.partition,
+                revocation.generation,
+                patient=patient,
             )
-            self._revoked_acked.add(key)
+            await self._record_revoked(*key)
             return None
         for event in self._events.values():
             if (event.kind, event.topic, event.partition, event.generation) == (
@@ -876,7 +985,7 @@ class ConsumerInstance:
                 if await self._revocation_pending(tp.topic, revocation) is not None:
                     pending.append((tp.topic, revocation.partition, revocation.generation))
         deadline = time.monotonic() + REVOKE_ACK_WAIT_S
-        while any(key not in self._revoked_acked for key in pending):
+        while any((p, g) not in self._acknowledged(topic) for topic, p, g in pending):
             if time.monotonic() >= deadline:
                 return
             await asyncio.sleep(0.02)
@@ -904,8 +1013,8 @@ class ConsumerInstance:
                 for revocation in revocations_crossed(
                     runtime.state.log, tp.partition, state.committed or 0, target
                 ):
-                    key = (tp.topic, revocation.partition, revocation.generation)
-                    if key not in self._revoked_acked:
+                    key = (revocation.partition, revocation.generation)
+                    if key not in self._acknowledged(tp.topic):
                         with contextlib.suppress(ConsumerStateConflict):
                             await self._require_revoked(tp.topic, revocation)
                         target = min(target, revocation.boundary - 1)
@@ -979,8 +1088,17 @@ class ConsumerInstance:
             await self._http.close()
 
     def revoked(self, partitions: Iterable[TopicPartition]) -> None:
-        for tp in partitions:
+        gone = set(partitions)
+        for tp in gone:
             self._partitions.pop(tp, None)
+        # Their keys_revoked events are no longer this instance's to tell: the new owner
+        # tells its app whatever the group has not acknowledged.
+        for event_id, event in list(self._events.items()):
+            if (
+                event.kind is HandoffKind.KEYS_REVOKED
+                and TopicPartition(event.topic, event.partition) in gone
+            ):
+                del self._events[event_id]
 
     async def _ensure_consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:

@@ -296,3 +296,98 @@ async def test_consumer_bad_input(cluster: ClusterEndpoints) -> None:
         assert (status, body["error_code"]) == (400, 40001)
         status, body = await consumer.call("POST", "/consumers-not-a-route")
         assert status == 404
+
+
+async def test_a_caught_up_group_is_told_keys_revoked_before_the_new_partition_opens(
+    cluster: ClusterEndpoints,
+) -> None:
+    """Seen under load: a group that had consumed and committed a partition up to a
+    change's boundary before the change committed (produces are held during the
+    barrier, so consumers catch up) got keys_assigned for the new partition but never
+    keys_revoked for the old one. Now the owner of the old partition tells it (once),
+    and the new partition's records wait until the group acknowledged it."""
+    topic, group = unique("caught-up"), unique("group")
+    key = _moving_key(1, 1, 2, 0)
+    async with running_sidecars(cluster, 2) as sidecars:
+        await sidecars[0].create_topic(topic, 1, replication_factor=cluster.replication_factor)
+        await sidecars[0].produce(topic, [{"key": key, "value": i} for i in range(3)])
+        old = await create_consumer(sidecars[0], group, "old")
+        await old.assign((topic, 0))
+        await _drain(old, 3)
+        status, body = await old.commit()
+        assert status == 204, body
+        # Caught up and committed: only now does the partition count change.
+        await sidecars[1].change_count(topic, 2)
+        status, body = await sidecars[1].produce(topic, [{"key": key, "value": 3}])
+        assert [e["partition"] for e in body["offsets"]] == [1], body
+        new = await create_consumer(sidecars[1], group, "new")
+        await new.assign((topic, 1))
+
+        # The old owner is told, with no record to deliver; the new partition waits.
+        revoked: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 15
+        while not revoked:
+            assert time.monotonic() < deadline, "keys_revoked was never told"
+            records, events = await old.poll(200)
+            assert records == []
+            revoked = [e for e in events if e["type"] == "keys_revoked"]
+            new_records, new_events = await new.poll(100)
+            assert (new_records, new_events) == ([], []), "the new partition opened first"
+        assert [(e["partition"], e["generation"]) for e in revoked] == [(0, 1)]
+        for _ in range(3):
+            assert await new.poll(100) == ([], [])
+        await old.ack(revoked[0]["event_id"])
+        # Told once: acknowledged, it is not told again.
+        assert await old.poll(200) == ([], [])
+
+        deadline = time.monotonic() + 15
+        while True:
+            records, events = await new.poll(200)
+            assert records == []
+            if events:
+                break
+            assert time.monotonic() < deadline, "the new partition never opened"
+        assert [(e["type"], e["partition"]) for e in events] == [("keys_assigned", 1)]
+        await new.ack(events[0]["event_id"])
+        got = await _drain(new, 1)
+        assert [json.loads(decoded(r)[1] or b"") for r in got] == [3]
+
+
+async def test_a_caught_up_group_calls_back_keys_revoked_before_keys_assigned(
+    cluster: ClusterEndpoints,
+) -> None:
+    """The same, in callback mode with auto-commit: the callbacks' order is the hand-off."""
+    topic, group = unique("caught-up-cb"), unique("group")
+    key = _moving_key(1, 1, 2, 0)
+    app = CallbackApp()
+    await app.start()
+    try:
+        async with running_sidecars(cluster, 2) as sidecars:
+            await sidecars[0].create_topic(topic, 1, replication_factor=cluster.replication_factor)
+            await sidecars[0].produce(topic, [{"key": key, "value": i} for i in range(3)])
+            options = {"callback_url": app.url, "auto.commit.enable": "true"}
+            old = await create_consumer(sidecars[0], group, "old", **options)
+            await old.assign((topic, 0))
+            await _drain(old, 3)
+            status, body = await old.commit()
+            assert status == 204, body
+            await sidecars[1].change_count(topic, 2)
+            await sidecars[1].produce(topic, [{"key": key, "value": 3}])
+            new = await create_consumer(sidecars[1], group, "new", **options)
+            await new.assign((topic, 1))
+            got: list[dict[str, Any]] = []
+            deadline = time.monotonic() + 30
+            while not got:
+                assert time.monotonic() < deadline, f"nothing delivered; calls {app.events}"
+                await old.poll(200)
+                records, _ = await new.poll(200)
+                got += records
+            delivered_at = time.monotonic()
+        kinds = [(body["type"], body["partition"]) for _, _, body in app.events]
+        assert kinds[:2] == [("keys_revoked", 0), ("keys_assigned", 1)], kinds
+        assert kinds.count(("keys_revoked", 0)) == 1, kinds
+        revoked_done = app.events[0][1]
+        assigned_started, assigned_done = app.events[1][0], app.events[1][1]
+        assert revoked_done <= assigned_started <= assigned_done <= delivered_at
+    finally:
+        await app.stop()

@@ -3,9 +3,12 @@
 The simulation is the invariant checker: a single producer writes keyed, numbered
 records routed by linear hashing through a random sequence of expansions and shrinks
 (boundaries are the partition ends at each change, as the barrier reads them); a
-consumer group then delivers and commits in an adversarial order chosen by hypothesis,
-taking only records the gate lets through. It must (1) never get stuck while records
-remain (no wait cycle) and (2) deliver every key's records in production order.
+consumer group then delivers, commits and acknowledges key revocations in an
+adversarial order chosen by hypothesis, taking only records the gate lets through and
+acknowledging only the revocations due. It must (1) never get stuck while records
+remain (no wait cycle), (2) deliver every key's records in production order, and (3)
+hand keys off in order: every revocation of a source up to a change acknowledged before
+a record that waits on it is delivered, each acknowledged once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 
 from sidecar.core.gate import GroupProgress, Wait, gate, waits_into
 from sidecar.core.generations import Boundary, ChangeKind, GenerationLog, PartitionMode
+from sidecar.core.handoff import revocation_points, revocations_due, revoked_through
 from sidecar.core.routing import linear_hash_partition
 
 RW, RO, REMOVED = PartitionMode.READ_WRITE, PartitionMode.READ_ONLY, PartitionMode.REMOVED
@@ -80,28 +84,54 @@ def topics(draw: st.DrawFn) -> SimulatedTopic:
 def test_gated_group_delivers_everything_in_per_key_order(
     topic: SimulatedTopic, data: st.DataObject
 ) -> None:
-    partitions = topic.partitions
+    log, partitions = topic.log, topic.partitions
     delivered = [0] * len(partitions)
     committed: dict[int, int] = {}
+    acknowledged: set[tuple[int, int]] = set()
     last_sequence: dict[int, int] = {}
-    modes = modes_of(topic.log)
+    modes = modes_of(log)
     total = sum(len(records) for records in partitions)
     count = 0
     while count < total:
-        progress = GroupProgress(committed=dict(committed), log_start={}, modes=modes)
+        progress = GroupProgress(
+            committed=dict(committed),
+            log_start={},
+            modes=modes,
+            revoked_through=revoked_through(log, acknowledged),
+        )
         deliverable = [
             p
             for p in range(len(partitions))
-            if delivered[p] < len(partitions[p]) and gate(topic.log, progress, p, delivered[p]).open
+            if delivered[p] < len(partitions[p]) and gate(log, progress, p, delivered[p]).open
         ]
         committable = [p for p in range(len(partitions)) if committed.get(p, 0) < delivered[p]]
-        # A stuck group with nothing left to commit would be a wait cycle.
-        assert deliverable or committable, f"stuck with {total - count} records left"
-        actions = [("deliver", p) for p in deliverable] + [("commit", p) for p in committable]
-        action, partition = data.draw(st.sampled_from(actions))
+        due = [
+            (p, revocation.generation)
+            for p in range(len(partitions))
+            for revocation in revocations_due(log, p, delivered[p], acknowledged)
+        ]
+        # A stuck group with nothing left to commit or acknowledge would be a wait cycle.
+        assert deliverable or committable or due, f"stuck with {total - count} records left"
+        actions = (
+            [("deliver", p) for p in deliverable]
+            + [("commit", p) for p in committable]
+            + [("acknowledge", i) for i in range(len(due))]
+        )
+        action, index = data.draw(st.sampled_from(actions))
+        if action == "acknowledge":
+            assert due[index] not in acknowledged, "a revocation told twice"
+            acknowledged.add(due[index])
+            continue
+        partition = index
         if action == "commit":
             committed[partition] = delivered[partition]
             continue
+        generation = log.generation_of(partition, delivered[partition])
+        for wait in waits_into(log, partition, generation):
+            # Hand-off order: the keys' previous partition told its app they moved away.
+            for revocation in revocation_points(log, wait.source):
+                if revocation.generation <= wait.generation and revocation.boundary > 0:
+                    assert (wait.source, revocation.generation) in acknowledged
         key, sequence = partitions[partition][delivered[partition]]
         assert sequence == last_sequence.get(key, -1) + 1, f"key {key} out of order"
         last_sequence[key] = sequence
@@ -186,3 +216,52 @@ def test_waits_are_inherited_through_a_partition_without_records_of_the_key() ->
     assert gate(topic.log, progress, 1, 0).unmet == (Wait(3, 1, 2, ChangeKind.SHRINK),)
     drained = GroupProgress(committed={3: 1}, log_start={}, modes=modes_of(topic.log))
     assert gate(topic.log, drained, 1, 0).open
+
+
+@given(topic=topics())
+def test_every_wait_is_on_a_revocation_of_its_source(topic: SimulatedTopic) -> None:
+    """The gate waits for acknowledgements the owner of the source can give: each wait's
+    change moved keys away from its source, so it is one of the source's revocations."""
+    log = topic.log
+    for partition in range(log.current.physical_count):
+        for generation in range(log.current.number + 1):
+            if log[generation].boundary(partition) is None:
+                continue
+            for wait in waits_into(log, partition, generation):
+                points = {(r.generation, r.boundary) for r in revocation_points(log, wait.source)}
+                assert (wait.generation, wait.boundary) in points
+
+
+def test_a_caught_up_group_is_told_the_revocation_and_the_gate_waits_for_it() -> None:
+    """Seen on a real cluster: a group that had committed the blocker up to the boundary
+    before the change committed never heard keys_revoked, yet the new partition opened."""
+    log = GenerationLog.start(1)
+    log = log.append(log.next_generation(2, [Boundary(4), Boundary(0)]))
+    # The group delivered and committed partition 0 to its end (4) before the change.
+    assert [r.generation for r in revocations_due(log, 0, 4, set())] == [1]
+    assert revocations_due(log, 0, 3, set()) == []
+    told = GroupProgress(
+        committed={0: 4}, log_start={}, modes=[RW, RW], revoked_through=revoked_through(log, set())
+    )
+    assert gate(log, told, 1, 0).unmet == (Wait(0, 4, 1, ChangeKind.EXPANSION),)
+    acknowledged = {(0, 1)}
+    assert revocations_due(log, 0, 4, acknowledged) == []
+    done = GroupProgress(
+        committed={0: 4},
+        log_start={},
+        modes=[RW, RW],
+        revoked_through=revoked_through(log, acknowledged),
+    )
+    assert gate(log, done, 1, 0).open
+
+
+def test_revoked_through_stops_at_the_first_unacknowledged_revocation() -> None:
+    log = GenerationLog.start(1)
+    log = log.append(log.next_generation(2, [Boundary(4), Boundary(0)]))  # 0 loses keys
+    log = log.append(log.next_generation(1, [Boundary(6), Boundary(3)]))  # 1 loses keys
+    log = log.append(log.next_generation(2, [Boundary(9), Boundary(3)]))  # 0 loses keys
+    assert revoked_through(log, set()) == {0: 0, 1: 1}
+    assert revoked_through(log, {(0, 1)}) == {0: 2, 1: 1}
+    assert revoked_through(log, {(0, 1), (0, 3), (1, 2)}) == {0: 3, 1: 3}
+    # Acknowledging a later one first does not skip the earlier one.
+    assert revoked_through(log, {(0, 3)}) == {0: 0, 1: 1}
