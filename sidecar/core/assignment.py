@@ -8,7 +8,10 @@ members subscribed to the same topics. Removed partitions are not assigned at al
 nothing can be read from them.
 
 Unmanaged topics have every partition read-write. The split by mode is applied at each
-rebalance; a mode change alone (a commit, a retirement) does not cause one.
+rebalance. Kafka's consumers rebalance when a topic's partition count changes; a change
+of which partitions are assignable (a retirement, a removed partition brought back by an
+expansion) does not change the count, so the sidecar asks every ordered group of the
+topic to rebalance then (``Sidecar.on_assignable_change``).
 """
 
 from __future__ import annotations

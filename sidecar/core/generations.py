@@ -239,6 +239,11 @@ def retirement_action(view: RetirementView, now: float) -> RetirementAction:
     return RetirementAction.KEEP
 
 
+def assignable_partitions(modes: Sequence[PartitionMode]) -> frozenset[int]:
+    """The partitions a consumer group is assigned: every one not removed."""
+    return frozenset(p for p, mode in enumerate(modes) if mode is not PartitionMode.REMOVED)
+
+
 def partitions_in_mode(modes: Sequence[PartitionMode], mode: PartitionMode) -> list[int]:
     """Indexes of the partitions in ``mode``."""
     return [p for p, current in enumerate(modes) if current is mode]

@@ -291,6 +291,19 @@ class ConsumerInstance:
             return []
         return sorted(self._consumer.assignment())
 
+    def rebalance_if_subscribed(self, topic: str) -> bool:
+        """Ask the group to rebalance if this instance subscribes to ``topic``; True if so.
+
+        aiokafka rebalances on its own when a topic's partition count changes, not when
+        the sidecar's assignor would assign differently; ``request_rejoin`` is what
+        aiokafka's coordinator itself calls when its metadata changes.
+        """
+        consumer = self._consumer
+        if consumer is None or self.manual or topic not in self.subscribed_topics():
+            return False
+        consumer._coordinator.request_rejoin()
+        return True
+
     # Polling ------------------------------------------------------------------------------
 
     async def poll(self, timeout_s: float, max_bytes: int | None) -> PollResult:
@@ -1179,6 +1192,14 @@ class Consumers:
         self.instances: dict[tuple[str, str], ConsumerInstance] = {}
         self.assignor = _assignor_for(sidecar)
         self._reaper: asyncio.Task[None] | None = None
+        sidecar.on_assignable_change(self._assignable_changed)
+
+    def _assignable_changed(self, topic: str) -> None:
+        rejoined = [
+            i.instance_id for i in self.instances.values() if i.rebalance_if_subscribed(topic)
+        ]
+        if rejoined:
+            _log.info("%s: assignable partitions changed; rebalancing %s", topic, rejoined)
 
     def instance_key(self, instance: ConsumerInstance) -> str:
         return f"{self.sidecar.sidecar_id}-{instance.instance_id}"

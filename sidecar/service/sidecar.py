@@ -27,7 +27,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
@@ -46,6 +46,7 @@ from sidecar.core.errors import (
     UnknownGeneration,
     UnknownTopic,
 )
+from sidecar.core.generations import assignable_partitions
 from sidecar.core.placement import (
     RELOCATION_HEADER,
     place_record,
@@ -123,6 +124,7 @@ class Sidecar:
         """Ids of writers closed cleanly, to drop from the registry once ZooKeeper answers."""
         self._recovering = asyncio.Lock()
         self._started_at = time.time()
+        self._assignable_listeners: list[Callable[[str], None]] = []
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -256,10 +258,25 @@ class Sidecar:
             participant = participant.barrier_published(pending.generation)
         elif pending is None and participant.pending_generation is not None:
             participant = participant.barrier_removed()
-        runtime.state = state
+        self._set_state(runtime, state)
         runtime.participant = participant
         self._record_generation(runtime)
         runtime.notify()
+
+    def _set_state(self, runtime: TopicRuntime, state: TopicState) -> None:
+        """Take ``state`` as the topic's; tell the listeners if the partitions a consumer
+        group may be assigned changed (a retirement, a removed partition brought back)."""
+        before = assignable_partitions(runtime.state.modes)
+        runtime.state = state
+        if assignable_partitions(state.modes) != before:
+            for listener in list(self._assignable_listeners):
+                listener(runtime.name)
+
+    def on_assignable_change(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(topic)`` whenever a managed topic's assignable partitions
+        change: the consumer groups must rebalance, the partition count alone (what
+        Kafka's consumers watch) does not change."""
+        self._assignable_listeners.append(listener)
 
     async def _maybe_ack_barrier(self, runtime: TopicRuntime) -> None:
         participant = runtime.participant
@@ -363,7 +380,7 @@ class Sidecar:
                 continue
             pending = state.pending.generation if state.pending else None
             runtime.participant = runtime.participant.metadata_reloaded(state.current, pending)
-            runtime.state = state
+            self._set_state(runtime, state)
             self._record_generation(runtime)
             runtime.notify()
             await self._maybe_ack_barrier(runtime)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.core.routing import partition_for_key
 from sidecar.devcluster.provider import ClusterEndpoints
+from tests.integration.consumers import CallbackApp, RestConsumer, create_consumer, decoded
 from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
+from tests.support.waiting import eventually
 
 
 async def _modes(sidecar: RunningSidecar, topic: str) -> list[str]:
@@ -97,3 +101,77 @@ async def test_partitions_drained_by_every_group_are_truncated(cluster: ClusterE
         await _wait_for_modes(sidecar, topic, ["read_write", "read_write", "removed"])
         starts = await sidecar.server.kafka.log_start_offsets(topic, 3)
         assert starts[2] == end
+
+
+async def _assigned(consumers: list[RestConsumer], topic: str) -> set[int]:
+    partitions: set[int] = set()
+    for consumer in consumers:
+        status, body = await consumer.call("GET", "/assignments")
+        assert status == 200, body
+        partitions |= {p["partition"] for p in body["partitions"] if p["topic"] == topic}
+    return partitions
+
+
+async def test_a_removed_partition_brought_back_is_consumed_again(
+    cluster: ClusterEndpoints,
+) -> None:
+    """Seen under load: a partition retired (removed) and made read-write again by a later
+    expansion was assigned to no instance (the assignor skips removed partitions, and a
+    mode change caused no rebalance, the partition count being unchanged). Its records
+    were never delivered and records gated on it stalled the group. Every change of the
+    assignable partitions now rebalances the ordered groups of the topic."""
+    topic, group = unique("comeback"), unique("group")
+    app = CallbackApp()
+    await app.start()
+    options = {"callback_url": app.url, "auto.commit.enable": "true"}
+    try:
+        async with running_sidecars(cluster, 1) as (sidecar,):
+            await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+            await sidecar.change_count(topic, 3)
+            key = _key_for(2, 2, 3)
+            await sidecar.produce(topic, [{"key": key, "value": 0}])
+            consumers = [await create_consumer(sidecar, group, f"c{i}", **options) for i in (1, 2)]
+            for consumer in consumers:
+                await consumer.subscribe(topic)
+            await _poll_until(consumers, lambda got: len(got) >= 1, "the first record")
+
+            await sidecar.change_count(topic, 2, delete_after_seconds=0)
+            await _wait_for_modes(sidecar, topic, ["read_write", "read_write", "removed"])
+            # A member joins while partition 2 is removed: that rebalance leaves it out.
+            consumers.append(await create_consumer(sidecar, group, "c3", **options))
+            await consumers[-1].subscribe(topic)
+
+            async def without_two() -> bool:
+                await asyncio.gather(*(c.poll(100) for c in consumers))
+                return await _assigned(consumers, topic) == {0, 1}
+
+            await eventually(without_two, 30, "the removed partition leaves the assignment")
+
+            await sidecar.change_count(topic, 3)
+            status, body = await sidecar.produce(topic, [{"key": key, "value": 1}])
+            assert status == 200, body
+            assert [o["partition"] for o in body["offsets"]] == [2], body
+            began = time.monotonic()
+            got = await _poll_until(
+                consumers,
+                lambda got: any(json.loads(decoded(r)[1] or b"") == 1 for r in got),
+                "the record in the partition brought back",
+            )
+            print(f"delivered {time.monotonic() - began:.1f} s after the expansion")
+            assert await _assigned(consumers, topic) == {0, 1, 2}
+            assert got
+    finally:
+        await app.stop()
+
+
+async def _poll_until(
+    consumers: list[RestConsumer], done: Callable[[list[dict[str, Any]]], bool], what: str
+) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    while not done(got):
+        assert time.monotonic() < deadline, f"not within 30 s: {what}"
+        for consumer in consumers:
+            records, _ = await consumer.poll(100)
+            got += records
+    return got
