@@ -251,20 +251,7 @@ class KafkaGateway:
     async def _enqueue(
         self, topic: str, record: OutgoingKafkaRecord
     ) -> asyncio.Future[Any] | SendFailed:
-        if record.key is None and record.value is None:
-            return SendFailed("a tombstone needs a key", maybe_appended=False)
-        try:
-            return await self._require().producer.send(  # type: ignore[no-any-return]
-                topic,
-                value=record.value,
-                key=record.key,
-                partition=record.partition,
-                headers=list(record.headers),
-            )
-        except KafkaError as exc:
-            # send() raises before the record is queued (too large for max_request_size,
-            # buffer full, producer closed): it can never be appended.
-            return SendFailed(str(exc), maybe_appended=False)
+        return await enqueue(self._require().producer, topic, record)
 
     async def _delivered(
         self, delivery: asyncio.Future[Any] | SendFailed
@@ -536,6 +523,30 @@ def client_settings(settings: KafkaSettings) -> tuple[dict[str, Any], dict[str, 
     if ssl:
         common["ssl_context"] = create_ssl_context(**ssl)
     return common, producer
+
+
+async def enqueue(
+    producer: Any, topic: str, record: OutgoingKafkaRecord
+) -> asyncio.Future[Any] | SendFailed:
+    """Queue ``record`` on an aiokafka producer: its delivery future, or SendFailed when
+    it is refused before it is queued (it can never be appended then). Raises the fenced
+    errors (FENCED_ERRORS): after them the producer writes nothing more."""
+    if record.key is None and record.value is None:
+        return SendFailed("a tombstone needs a key", maybe_appended=False)
+    try:
+        return await producer.send(  # type: ignore[no-any-return]
+            topic,
+            value=record.value,
+            key=record.key,
+            partition=record.partition,
+            headers=list(record.headers),
+        )
+    except FENCED_ERRORS:
+        raise
+    except KafkaError as exc:
+        # send() raises before the record is queued (too large for max_request_size,
+        # buffer full, producer closed).
+        return SendFailed(str(exc), maybe_appended=False)
 
 
 async def start_transactional_producer(settings: KafkaSettings, transactional_id: str) -> Any:

@@ -45,6 +45,7 @@ from sidecar.adapters.kafka import (
     SendFailed,
     SentRecord,
     await_partition_count,
+    enqueue,
     start_transactional_producer,
 )
 from sidecar.config import KafkaSettings
@@ -221,7 +222,9 @@ class TransactionalWriter:
         try:
             await self._producer.begin_transaction()
             for request in group:
-                deliveries.append([await self._enqueue(request.topic, r) for r in request.records])
+                deliveries.append(
+                    [await enqueue(self._producer, request.topic, r) for r in request.records]
+                )
             if self.transactions + 1 == self._stop_before_commit:
                 await self._freeze(deliveries)
             commit_requested = True
@@ -252,22 +255,6 @@ class TransactionalWriter:
             await asyncio.wait(pending, timeout=self._timeout_s)
         _log.warning("fault injection: stopping before the commit of %s", self.transactional_id)
         os.kill(os.getpid(), signal.SIGSTOP)
-
-    async def _enqueue(self, topic: str, record: OutgoingKafkaRecord) -> Any:
-        try:
-            return await self._producer.send(
-                topic,
-                value=record.value,
-                key=record.key,
-                partition=record.partition,
-                headers=list(record.headers),
-            )
-        except KafkaError as exc:
-            if isinstance(exc, FENCED_ERRORS):
-                raise
-            # Refused before it was queued (larger than max_request_size): never appended,
-            # and the rest of the transaction is unaffected.
-            return SendFailed(str(exc), maybe_appended=False)
 
     async def _transaction_failed(
         self, group: list[_Request], exc: BaseException, *, commit_sent: bool
