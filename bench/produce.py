@@ -12,7 +12,14 @@ generator, the sidecar and three brokers share this machine's cores):
   otherwise, as the sidecar's own producer) writing keyed records to a plain topic of 6
   partitions, replication factor 3;
 * **sidecar**: ``sidecar serve`` as its own process, writing to a managed topic of 6
-  partitions, replication factor 3, fed over HTTP (REST Proxy v2 binary format);
+  partitions, replication factor 3, fed over HTTP (REST Proxy v2 binary format); managed
+  topics are written in Kafka transactions (DESIGN §5, fencing);
+* **sidecar, unmanaged topic**: the same process passing records through to a plain
+  topic with its idempotent producer, no transactions, no ZooKeeper: what the managed
+  path costs on top of the sidecar's HTTP and JSON work;
+* **direct transactional**: the sidecar's own ``TransactionalWriter`` in this process,
+  with the same requests in flight as the sidecar gets over HTTP: what transactions cost
+  a Kafka client, without HTTP;
 * optionally Kafka's own Java ``ProducerPerformance`` (same producer settings) as the
   ceiling of what the cluster takes from one client here.
 
@@ -42,7 +49,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -53,6 +60,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.machine import CpuMeter, CpuShares, cluster_pids, cores, delete_root, kafka_line
 from bench.report import markdown_table, measure_and_write
+from sidecar.adapters.kafka import OutgoingKafkaRecord, SentRecord
+from sidecar.adapters.transactions import TransactionalWriter
+from sidecar.config import KafkaSettings
 from sidecar.devcluster.install import (
     _SLF4J_VERSION,
     KAFKA_VERSION,
@@ -238,6 +248,71 @@ async def direct_latency(
     return samples
 
 
+# The transactional writer in-process ------------------------------------------------------
+
+
+async def transactional_throughput(
+    writer: TransactionalWriter,
+    topic: str,
+    workload: Workload,
+    seconds: float,
+    connections: int,
+    batch: int,
+) -> ThroughputRun:
+    """``connections`` writers each writing ``batch`` records back to back, as the sidecar's
+    HTTP requests reach its writer."""
+    tally = Tally()
+    records = [
+        OutgoingKafkaRecord(index % PARTITIONS, key, value, [])
+        for index, (key, value) in enumerate(workload.records)
+    ]
+    chunks = [records[i : i + batch] for i in range(0, len(records), batch)]
+
+    async def write(index: int) -> None:
+        result = await writer.write(topic, chunks[index % len(chunks)])
+        for outcome in result.outcomes:
+            if isinstance(outcome, SentRecord):
+                tally.acked += 1
+            else:
+                tally.fail(1, outcome.message)
+
+    return await _requests_in_flight(write, tally, seconds, connections)
+
+
+async def _requests_in_flight(
+    request: Callable[[int], Awaitable[None]], tally: Tally, seconds: float, connections: int
+) -> ThroughputRun:
+    """``connections`` workers each making ``request(index)`` back to back for ``seconds``."""
+    began = time.perf_counter()
+    deadline = began + seconds
+
+    async def worker(first: int) -> None:
+        index = first
+        while time.perf_counter() < deadline:
+            await request(index)
+            index += connections
+
+    await asyncio.gather(*(worker(k) for k in range(connections)))
+    elapsed = time.perf_counter() - began
+    return ThroughputRun(tally.acked, tally.failed, elapsed, tally.first_error)
+
+
+async def transactional_latency(
+    writer: TransactionalWriter, topic: str, workload: Workload, seconds: float, max_samples: int
+) -> list[float]:
+    """Seconds per write of one record (one transaction each), one at a time."""
+    samples: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline and len(samples) < max_samples:
+        key, value = workload.records[len(samples) % len(workload.records)]
+        began = time.perf_counter()
+        result = await writer.write(topic, [OutgoingKafkaRecord(0, key, value, [])])
+        samples.append(time.perf_counter() - began)
+        if not isinstance(result.outcomes[0], SentRecord):
+            raise RuntimeError(f"a transactional write failed: {result.outcomes[0]}")
+    return samples
+
+
 # The sidecar over HTTP -------------------------------------------------------------------
 
 
@@ -322,19 +397,12 @@ async def sidecar_throughput(
     tally = Tally()
     bodies = workload.batch_bodies
     per_body = len(workload.records) // len(bodies)
-    began = time.perf_counter()
-    deadline = began + seconds
 
-    async def worker(first: int) -> None:
-        index = first
-        while time.perf_counter() < deadline:
-            status, answer = await _post(sidecar, topic, bodies[index % len(bodies)])
-            _count(status, answer, per_body, tally)
-            index += connections
+    async def post(index: int) -> None:
+        status, answer = await _post(sidecar, topic, bodies[index % len(bodies)])
+        _count(status, answer, per_body, tally)
 
-    await asyncio.gather(*(worker(k) for k in range(connections)))
-    elapsed = time.perf_counter() - began
-    return ThroughputRun(tally.acked, tally.failed, elapsed, tally.first_error)
+    return await _requests_in_flight(post, tally, seconds, connections)
 
 
 async def sidecar_latency(
@@ -463,16 +531,20 @@ async def profile_sidecar(
 
 
 DIRECT, SIDECAR, DIRECT_WIDE = "direct aiokafka", "sidecar (HTTP)", "direct aiokafka, wide window"
+UNMANAGED, TRANSACTIONAL = "sidecar (HTTP), unmanaged topic", "direct transactional writer"
+PATHS = (DIRECT, SIDECAR, DIRECT_WIDE, UNMANAGED, TRANSACTIONAL)
+LATENCY_PATHS = (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL)
 
 
 @dataclass
 class SizeResult:
     size: int
     throughput: dict[str, list[ThroughputRun]] = field(
-        default_factory=lambda: {DIRECT: [], SIDECAR: [], DIRECT_WIDE: []}
+        default_factory=lambda: {path: [] for path in PATHS}
     )
-    direct_latency: list[float] = field(default_factory=list)
-    sidecar_latency: list[float] = field(default_factory=list)
+    latency: dict[str, list[float]] = field(
+        default_factory=lambda: {path: [] for path in LATENCY_PATHS}
+    )
     java: JavaRun | None = None
 
 
@@ -485,14 +557,20 @@ class Target:
     sidecar: Sidecar
     managed: str
     cluster_pids: Sequence[int]
+    writer: TransactionalWriter
+    passed_through: str
+    """A plain topic the sidecar writes to unmanaged."""
 
     async def throughput(
         self, path: str, workload: Workload, seconds: float, plan: Plan
     ) -> ThroughputRun:
         meter = CpuMeter([self.sidecar.pid], self.cluster_pids)
-        if path == SIDECAR:
-            run = await sidecar_throughput(
-                self.sidecar, self.managed, workload, seconds, plan.connections
+        if path in (SIDECAR, UNMANAGED):
+            topic = self.managed if path == SIDECAR else self.passed_through
+            run = await sidecar_throughput(self.sidecar, topic, workload, seconds, plan.connections)
+        elif path == TRANSACTIONAL:
+            run = await transactional_throughput(
+                self.writer, self.plain, workload, seconds, plan.connections, plan.batch
             )
         else:
             window = plan.wide_window if path == DIRECT_WIDE else plan.window
@@ -502,8 +580,13 @@ class Target:
     async def latency(
         self, path: str, workload: Workload, seconds: float, max_samples: int
     ) -> list[float]:
-        if path == SIDECAR:
-            return await sidecar_latency(self.sidecar, self.managed, workload, seconds, max_samples)
+        if path in (SIDECAR, UNMANAGED):
+            topic = self.managed if path == SIDECAR else self.passed_through
+            return await sidecar_latency(self.sidecar, topic, workload, seconds, max_samples)
+        if path == TRANSACTIONAL:
+            return await transactional_latency(
+                self.writer, self.plain, workload, seconds, max_samples
+            )
         return await direct_latency(self.producer, self.plain, workload, seconds, max_samples)
 
 
@@ -514,6 +597,7 @@ async def run(
     classpath = java_tools_classpath() if java else ""
     suffix = uuid.uuid4().hex[:8]
     managed, plain = f"bench-sidecar-{suffix}", f"bench-direct-{suffix}"
+    passed_through = f"bench-unmanaged-{suffix}"
     root = f"/bench-{suffix}"
     results: list[SizeResult] = []
     with provide_cluster() as cluster:
@@ -525,12 +609,26 @@ async def run(
         producer = AIOKafkaProducer(
             bootstrap_servers=cluster.kafka_bootstrap, acks="all", enable_idempotence=True
         )
+        writer = TransactionalWriter(
+            KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap), f"bench-{suffix}"
+        )
         try:
-            await admin.create_topics([NewTopic(plain, PARTITIONS, rf)])
+            await admin.create_topics(
+                [NewTopic(plain, PARTITIONS, rf), NewTopic(passed_through, PARTITIONS, rf)]
+            )
             await producer.start()
+            await writer.start()
             async with sidecar_process(cluster, root, log, plan.connections) as sidecar:
                 await create_managed_topic(sidecar, managed, rf)
-                target = Target(producer, plain, sidecar, managed, cluster_pids(cluster))
+                target = Target(
+                    producer,
+                    plain,
+                    sidecar,
+                    managed,
+                    cluster_pids(cluster),
+                    writer,
+                    passed_through,
+                )
                 await _warm_up(plan, target)
                 for size in plan.sizes:
                     result = SizeResult(size)
@@ -550,8 +648,9 @@ async def run(
                     print(f"  (profiled run: {profiled.per_second:,.0f} records/s)", flush=True)
         finally:
             await producer.stop()
+            await writer.stop()
             with contextlib.suppress(Exception):
-                await admin.delete_topics([plain, managed])
+                await admin.delete_topics([plain, managed, passed_through])
             await admin.close()
             delete_root(cluster.zookeeper_hosts, root)
     return results, kafka
@@ -563,17 +662,17 @@ async def _warm_up(plan: Plan, target: Target) -> None:
     print(f"warming up the cluster for {plan.cluster_warmup_s:g} s", flush=True)
     workload = make_workload(plan.sizes[0], plan.batch)
     slice_s = plan.cluster_warmup_s / 4
-    for path in (DIRECT, SIDECAR, DIRECT, SIDECAR):
+    for path in (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL):
         await target.throughput(path, workload, slice_s, plan)
 
 
 async def _measure_size(plan: Plan, workload: Workload, result: SizeResult, target: Target) -> None:
     print(f"{workload.size} B records", flush=True)
-    for path in (DIRECT, SIDECAR):
+    for path in (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL):
         await target.throughput(path, workload, plan.warmup_s, plan)
     for round_index in range(plan.rounds):
         # Alternate the order, so that a drift in the machine's load hits every path.
-        order = [DIRECT, SIDECAR, DIRECT_WIDE]
+        order = list(PATHS)
         if round_index % 2:
             order.reverse()
         for path in order:
@@ -582,17 +681,13 @@ async def _measure_size(plan: Plan, workload: Workload, result: SizeResult, targ
             print(f"  {path} throughput: {run.per_second:,.0f} records/s", flush=True)
         latency_s = plan.latency_s / plan.rounds
         samples = plan.latency_max_samples // plan.rounds
-        for path in (DIRECT, SIDECAR) if round_index % 2 == 0 else (SIDECAR, DIRECT):
-            latencies = await target.latency(path, workload, latency_s, samples)
-            if path == SIDECAR:
-                result.sidecar_latency += latencies
-            else:
-                result.direct_latency += latencies
-    print(
-        f"  latency p50: direct {percentile(result.direct_latency, 0.5) * 1e3:.2f} ms, "
-        f"sidecar {percentile(result.sidecar_latency, 0.5) * 1e3:.2f} ms",
-        flush=True,
+        for path in LATENCY_PATHS if round_index % 2 == 0 else reversed(LATENCY_PATHS):
+            result.latency[path] += await target.latency(path, workload, latency_s, samples)
+    p50s = ", ".join(
+        f"{path} {percentile(samples, 0.5) * 1e3:.2f} ms"
+        for path, samples in result.latency.items()
     )
+    print(f"  latency p50: {p50s}", flush=True)
 
 
 # Rendering -------------------------------------------------------------------------------
@@ -628,7 +723,18 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         DIRECT: f"direct aiokafka, {plan.window:,} in flight",
         SIDECAR: f"sidecar over HTTP, {plan.connections} x {plan.batch} in flight",
         DIRECT_WIDE: f"direct aiokafka, {plan.wide_window:,} in flight",
+        UNMANAGED: f"sidecar, unmanaged topic, {plan.connections} x {plan.batch} in flight",
+        TRANSACTIONAL: (
+            f"direct transactional writer, {plan.connections} x {plan.batch} in flight"
+        ),
     }
+    latency_labels = {
+        DIRECT: "direct aiokafka",
+        SIDECAR: "sidecar over HTTP (managed: transactions)",
+        UNMANAGED: "sidecar over HTTP, unmanaged topic",
+        TRANSACTIONAL: "direct transactional writer (a transaction each)",
+    }
+    cost_rows = []
     headline_rows = []
     throughput_rows = []
     latency_rows = []
@@ -636,8 +742,17 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         size = f"{result.size} B"
         rates = {path: _median_rate(runs) for path, runs in result.throughput.items()}
         runs_of = result.throughput
-        latencies = {DIRECT: result.direct_latency, SIDECAR: result.sidecar_latency}
+        latencies = result.latency
         p50 = {path: percentile(samples, 0.5) * 1e3 for path, samples in latencies.items()}
+        cost_rows.append(
+            [
+                size,
+                _paired_ratio(runs_of[TRANSACTIONAL], runs_of[DIRECT]),
+                f"{p50[DIRECT]:.2f} → {p50[TRANSACTIONAL]:.2f} ms",
+                _paired_ratio(runs_of[SIDECAR], runs_of[UNMANAGED]),
+                f"{p50[UNMANAGED]:.2f} → {p50[SIDECAR]:.2f} ms",
+            ]
+        )
         headline_rows.append(
             [
                 size,
@@ -647,7 +762,7 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
                 _paired_ratio(runs_of[SIDECAR], runs_of[DIRECT_WIDE]),
             ]
         )
-        for path in (DIRECT, SIDECAR, DIRECT_WIDE):
+        for path in PATHS:
             runs = result.throughput[path]
             throughput_rows.append(
                 [
@@ -683,7 +798,7 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
             latency_rows.append(
                 [
                     size,
-                    "direct aiokafka" if path == DIRECT else "sidecar over HTTP",
+                    latency_labels[path],
                     f"{len(samples):,}",
                     f"{percentile(samples, 0.5) * 1e3:.2f}",
                     f"{percentile(samples, 0.99) * 1e3:.2f}",
@@ -706,6 +821,19 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         ),
         "",
         "Throughput ratios: median (min-max) over the rounds of the ratio within a round.",
+        "",
+        "## What transactions cost (managed topics are written in transactions)",
+        "",
+        *markdown_table(
+            [
+                "record size",
+                "throughput transactional / idempotent (direct)",
+                "p50 idempotent → transactional (direct)",
+                "throughput managed / unmanaged (sidecar)",
+                "p50 unmanaged → managed (sidecar)",
+            ],
+            cost_rows,
+        ),
         "",
         f"## Throughput ({PARTITIONS} partitions, RF 3, acks=all, idempotent, keyed records; "
         f"{plan.rounds} x {plan.throughput_s:g} s per path, alternating)",
