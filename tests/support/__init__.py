@@ -1,1 +1,1 @@
-"""Helpers shared by the test suites."""
+"""Helpers shared by the test suites and the benchmarks: waiting, the chaos harness."""

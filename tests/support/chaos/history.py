@@ -1,0 +1,246 @@
+"""What a chaos run observed, in the order the harness observed it.
+
+Every observation that the checks compare in time (a delivery, a hand-off callback
+answered, a hand-off event acknowledged) gets ``order``, one counter for the whole
+run: the harness is one event loop, so ``order`` is the order in which things
+reached the app. Times (``at``) are seconds since the run began, for the report.
+
+A hand-off counts as received when the app confirmed it to the sidecar: a callback it
+answered with a 2xx, or an event whose acknowledgement the sidecar accepted. A callback
+refused with 503 during a fault does not count (the sidecar must call again).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+RecordId = tuple[int, str, int]
+"""(producer, key, sequence) of one produced record."""
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """A record the sidecar acknowledged: where it landed and under which generation."""
+
+    record: RecordId
+    topic: str
+    partition: int
+    offset: int
+    generation: int
+    """The generation the produce response named (the one it was routed with)."""
+    sidecar: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    order: int
+    at: float
+    group: str
+    incarnation: str
+    topic: str
+    partition: int
+    offset: int
+    record: RecordId | None
+    """None for a record that is not one of the run's producers' (a stale probe)."""
+    header_generation: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    order: int
+    at: float
+    group: str
+    incarnation: str
+    kind: str
+    """``keys_revoked`` or ``keys_assigned``."""
+    topic: str
+    partition: int
+    generation: int
+    via: str
+    """``callback`` or ``event``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One consumer instance from its creation to its end (a name can have several)."""
+
+    id: str
+    group: str
+    name: str
+    sidecar: str
+    started: float
+
+
+@dataclass(frozen=True, slots=True)
+class FaultRecord:
+    kind: str
+    target: str
+    started: float
+    ended: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRecord:
+    at: float
+    topic: str
+    coordinator: str
+    via: str
+    from_count: int
+    target: int
+    outcome: str
+    """``done``, ``rolled_back``, ``skipped`` (the count was already the target), or
+    ``<status> <error_code>`` / an exception name."""
+    seconds: float
+    final: bool = False
+    """One of the changes made after the faults (the change-liveness probe)."""
+    count_after: int | None = None
+    """The topic's count read right after the answer (None: not readable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LockSighting:
+    """A node of a topic's change lock seen in ZooKeeper: how long it had been there."""
+
+    topic: str
+    node: str
+    owner: str
+    first_seen: float
+    last_seen: float
+    operation_phase: str
+    """The phase of the topic's operation journal when last seen."""
+
+
+@dataclass
+class History:
+    began: float = field(default_factory=time.monotonic)
+    acked: dict[RecordId, Acked] = field(default_factory=dict)
+    deliveries: list[Delivery] = field(default_factory=list)
+    handoffs: list[Handoff] = field(default_factory=list)
+    refused_callbacks: Counter[str] = field(default_factory=Counter)
+    incarnations: dict[str, Incarnation] = field(default_factory=dict)
+    ended: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """Incarnation id -> (when, why) it ended."""
+    faults: list[FaultRecord] = field(default_factory=list)
+    changes: list[ChangeRecord] = field(default_factory=list)
+    produce_requests: int = 0
+    produce_refused: Counter[str] = field(default_factory=Counter)
+    stale_probes: Counter[str] = field(default_factory=Counter)
+    """Outcome of each produce naming an older generation: ``fenced`` is right."""
+    stale_accepted: list[str] = field(default_factory=list)
+    poll_errors: Counter[str] = field(default_factory=Counter)
+    commit_refusals: Counter[str] = field(default_factory=Counter)
+    locks: dict[str, LockSighting] = field(default_factory=dict)
+    """Lock node path -> what was seen of it."""
+    lock_samples_failed: int = 0
+    commits: dict[tuple[str, str, int], list[tuple[int, float, int]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    """(group, topic, partition) -> (order, at, offset) each time a sample of the group's
+    committed offsets (about once a second) found it changed."""
+    commit_samples_failed: int = 0
+    notes: list[str] = field(default_factory=list)
+    _order: itertools.count[int] = field(default_factory=itertools.count)
+    _incarnations: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    pending: dict[str, set[RecordId]] = field(default_factory=lambda: defaultdict(set))
+    """Per group: acknowledged, not yet delivered."""
+    seen: dict[str, set[RecordId]] = field(default_factory=lambda: defaultdict(set))
+    """Per group: delivered at least once."""
+    groups: tuple[str, ...] = ()
+    compacted_away: set[RecordId] = field(default_factory=set)
+    """Acknowledged records of the compacted topic that compaction removed (a later
+    record of the same key in the same partition superseded them): no group has to
+    receive them, and a key's sequence may skip them."""
+
+    def now(self) -> float:
+        return time.monotonic() - self.began
+
+    def next_order(self) -> int:
+        return next(self._order)
+
+    # Producing ---------------------------------------------------------------------------
+
+    def ack(self, acked: Acked) -> None:
+        self.acked[acked.record] = acked
+        for group in self.groups:
+            if acked.record not in self.seen[group] and acked.record not in self.compacted_away:
+                self.pending[group].add(acked.record)
+
+    # Consuming ---------------------------------------------------------------------------
+
+    def new_incarnation(self, group: str, name: str, sidecar: str) -> Incarnation:
+        incarnation = Incarnation(
+            f"{name}.{next(self._incarnations)}", group, name, sidecar, self.now()
+        )
+        self.incarnations[incarnation.id] = incarnation
+        return incarnation
+
+    def end_incarnation(self, incarnation: Incarnation, why: str) -> None:
+        self.ended.setdefault(incarnation.id, (self.now(), why))
+
+    def deliver(
+        self,
+        incarnation: Incarnation,
+        topic: str,
+        partition: int,
+        offset: int,
+        record: RecordId | None,
+        header_generation: int | None,
+    ) -> None:
+        self.deliveries.append(
+            Delivery(
+                self.next_order(),
+                self.now(),
+                incarnation.group,
+                incarnation.id,
+                topic,
+                partition,
+                offset,
+                record,
+                header_generation,
+            )
+        )
+        if record is not None:
+            self.seen[incarnation.group].add(record)
+            self.pending[incarnation.group].discard(record)
+
+    def handoff(
+        self,
+        incarnation: Incarnation,
+        kind: str,
+        topic: str,
+        partition: int,
+        generation: int,
+        via: str,
+    ) -> None:
+        self.handoffs.append(
+            Handoff(
+                self.next_order(),
+                self.now(),
+                incarnation.group,
+                incarnation.id,
+                kind,
+                topic,
+                partition,
+                generation,
+                via,
+            )
+        )
+
+    def committed(self, group: str, topic: str, partition: int, offset: int) -> None:
+        samples = self.commits[(group, topic, partition)]
+        if not samples or samples[-1][2] != offset:
+            samples.append((self.next_order(), self.now(), offset))
+
+    def excuse(self, records: set[RecordId]) -> None:
+        """``records`` were compacted away: nobody has to receive them any more."""
+        self.compacted_away |= records
+        for group in self.groups:
+            self.pending[group] -= records
+
+    def undelivered(self, group: str) -> int:
+        return len(self.pending[group])
