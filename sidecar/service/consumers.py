@@ -926,7 +926,13 @@ class ConsumerInstance:
         runtime = await self.sidecar.runtime(tp.topic)
         if runtime is None or not runtime.state.config.ordered_delivery:
             return
-        state = self._partitions[tp]
+        state = self._partitions.get(tp)
+        if state is None:
+            # A rebalance took the partition while an earlier one of this commit waited
+            # for its app: its new owner commits it now.
+            raise ConsumerStateConflict(
+                f"{tp.topic}[{tp.partition}] was reassigned by a rebalance during the commit"
+            )
         before = state.committed
         if before is None:
             committed = await self.sidecar.kafka.committed_offsets(
