@@ -81,7 +81,7 @@ class ChaosConfig:
     # The sidecars' timing settings, shown in the report.
     session_timeout_s: float = 10.0
     """ZooKeeper session timeout of every sidecar."""
-    request_timeout_ms: int = 3000
+    request_timeout_ms: int = 6000
     """Kafka request timeout of every sidecar: with the replication time it must stay
     below the session timeout (the zombie argument of DESIGN §5 rests on it)."""
     barrier_timeout_s: float = 20.0

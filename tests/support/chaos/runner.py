@@ -261,16 +261,14 @@ class ChaosRun:
 
     def _settings(self, name: str) -> Settings:
         config = self.config
-        settings = settings_for(
+        return settings_for(
             self.cluster,
             self.root,
             name,
             session_timeout_s=config.session_timeout_s,
             hold_timeout_s=config.hold_timeout_s,
             barrier_timeout_s=config.barrier_timeout_s,
-        )
-        return replace(
-            settings, kafka=replace(settings.kafka, request_timeout_ms=config.request_timeout_ms)
+            request_timeout_ms=config.request_timeout_ms,
         )
 
     # The run ----------------------------------------------------------------------------
