@@ -28,7 +28,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +81,7 @@ Fetched = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 FETCH_GRACE_S = 0.05
 """How much longer than its own timeout a poll waits for aiokafka's getmany."""
 CALLBACK_RETRY_S = 0.2
+RETIRED_EVENTS_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,9 @@ class ConsumerInstance:
         this instance's own, and what it last read of the group's in ZooKeeper."""
         self._unrecorded: set[tuple[str, int, int]] = set()
         """Acknowledged here but not written to ZooKeeper yet (it was away)."""
+        self._retired_events: OrderedDict[int, HandoffEvent] = OrderedDict()
+        """keys_revoked events of partitions a rebalance took away: no longer told, still
+        accepted as acknowledged."""
         self._events: dict[int, HandoffEvent] = {}
         self._event_ids = itertools.count(1)
         self._waits: dict[tuple[str, int, int], tuple[float, ChangeKind]] = {}
@@ -400,7 +404,7 @@ class ConsumerInstance:
 
     async def _release_locked(self, max_bytes: int | None) -> PollResult:
         released: list[Delivered] = []
-        events = list(self._events.values())
+        events = await self._pending_events()
         # Under the delivery lock, which the rebalance listener takes to queue them.
         notices, self._notices = self._notices, []
         try:
@@ -662,6 +666,26 @@ class ConsumerInstance:
             revoked_through=revoked_through(runtime.state.log, acknowledged),
         )
 
+    async def _pending_events(self) -> list[HandoffEvent]:
+        """The events the app still has to acknowledge, less the keys_revoked the group
+        acknowledged meanwhile through another instance (a previous owner of the
+        partition, whose app got it first): those are told once, not again."""
+        revoking = {e.topic for e in self._events.values() if e.kind is HandoffKind.KEYS_REVOKED}
+        for topic in revoking:
+            try:
+                self._acknowledged(topic).update(
+                    await self.sidecar.store.acknowledged_revocations(self.config.group, topic)
+                )
+            except SidecarError:
+                continue  # ZooKeeper away: tell what is pending, as before
+        for event_id, event in list(self._events.items()):
+            if event.kind is HandoffKind.KEYS_REVOKED and (
+                event.partition,
+                event.generation,
+            ) in self._acknowledged(event.topic):
+                del self._events[event_id]
+        return list(self._events.values())
+
     def _acknowledged(self, topic: str) -> set[tuple[int, int]]:
         return self._revoked.setdefault(topic, set())
 
@@ -753,11 +777,12 @@ class ConsumerInstance:
         """The app handled these events. Raises BadRequest for an id that is not pending
         (and then acknowledges none of them)."""
         event_ids = list(event_ids)
-        unknown = [event_id for event_id in event_ids if event_id not in self._events]
+        known = self._events.keys() | self._retired_events.keys()
+        unknown = [event_id for event_id in event_ids if event_id not in known]
         if unknown:
             raise BadRequest(f"no pending event {unknown[0]}")
         for event_id in event_ids:
-            event = self._events.pop(event_id)
+            event = self._events.pop(event_id, None) or self._retired_events.pop(event_id)
             if event.kind is HandoffKind.KEYS_REVOKED:
                 await self._record_revoked(event.topic, event.partition, event.generation)
             else:
@@ -1111,13 +1136,16 @@ class ConsumerInstance:
         for tp in gone:
             self._partitions.pop(tp, None)
         # Their keys_revoked events are no longer this instance's to tell: the new owner
-        # tells its app whatever the group has not acknowledged.
+        # tells its app whatever the group has not acknowledged. An app that already
+        # got one may still acknowledge it (and spare the new owner's app the telling).
         for event_id, event in list(self._events.items()):
             if (
                 event.kind is HandoffKind.KEYS_REVOKED
                 and TopicPartition(event.topic, event.partition) in gone
             ):
-                del self._events[event_id]
+                self._retired_events[event_id] = self._events.pop(event_id)
+        while len(self._retired_events) > RETIRED_EVENTS_KEPT:
+            self._retired_events.popitem(last=False)
 
     async def _ensure_consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
