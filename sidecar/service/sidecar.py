@@ -39,8 +39,10 @@ from sidecar.audit.events import key_sampled
 from sidecar.config import Settings
 from sidecar.core.errors import (
     FencedGeneration,
+    KafkaUnavailable,
     MetadataUnavailable,
     ProduceHoldTimeout,
+    ProducerFenced,
     ShuttingDown,
     SidecarError,
     UnknownGeneration,
@@ -142,7 +144,16 @@ class Sidecar:
             self.sidecar_id, self._registration_info(), transactional_id
         )
         self._registered = transactional_id
-        self.writer = await self._start_writer(transactional_id)
+        try:
+            self.writer = await self._start_writer(transactional_id)
+        except (KafkaUnavailable, ProducerFenced) as exc:
+            # Kafka's transaction coordinator can take a while (a broker just restarted, a
+            # loaded cluster): the sidecar starts, not ready and holding managed produces,
+            # and initialises the producer in the background.
+            _log.warning("transactional producer not initialised yet: %s", exc.message)
+            if isinstance(exc, ProducerFenced):
+                self._incarnation += 1
+            self._spawn(self._recover())
         await self.refresh_topic_list()
         self._spawn(self._topic_list_loop())
         self._ready = True
@@ -231,6 +242,8 @@ class Sidecar:
             return self.topics[name]
         generation = state.current
         participant = Participant(generation.number, generation.undeleted_count)
+        if self.writer is None:
+            participant = participant.producer_replaced()  # held until _recover re-reads
         runtime = TopicRuntime(name, state, participant)
         self.topics[name] = runtime
         self._record_generation(runtime)
@@ -359,7 +372,13 @@ class Sidecar:
                 self.sidecar_id, self._registration_info(), transactional_id
             )
             self._registered = transactional_id
-        self.writer = await self._start_writer(transactional_id)
+        try:
+            self.writer = await self._start_writer(transactional_id)
+        except ProducerFenced:
+            # A coordinator fenced the id between its registration and now (and dropped
+            # it from the registry): writing with it would go unfenced. Take a new one.
+            self._incarnation += 1
+            raise
 
     async def _forget_retired(self) -> None:
         if not self._retired:
