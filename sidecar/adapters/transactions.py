@@ -231,8 +231,8 @@ class TransactionalWriter:
             async with asyncio.timeout(self._timeout_s):
                 await self._producer.commit_transaction()
         except Exception as exc:  # whatever it was, the transaction is in doubt
-            # If a batch was refused or is still pending, the commit never went out, and
-            # nothing of the transaction can become visible.
+            # If a batch was refused, the commit cannot go out and nothing of the
+            # transaction becomes visible; otherwise it may have (it is in doubt).
             commit_sent = commit_requested and not any(
                 _holds_back_commit(d) for delivered in deliveries for d in delivered
             )
@@ -326,11 +326,15 @@ def _retrieve(delivery: asyncio.Future[Any]) -> None:
 
 
 def _holds_back_commit(delivery: Any) -> bool:
-    """True if this send keeps its transaction's commit from being sent: aiokafka sends
-    the commit only once every batch of the transaction was appended."""
+    """True if this send keeps its transaction from ever committing: its batch failed.
+
+    A batch still pending does not: once commit_transaction was called, aiokafka sends
+    the commit as soon as the pending batches are appended, also after the caller gave
+    up waiting (seen: records of a commit that had timed out, answered "not written",
+    became visible past a boundary the sidecar had let pass meanwhile)."""
     if isinstance(delivery, SendFailed):
         return False  # refused before it was queued: no batch to wait for
-    return bool(not delivery.done() or delivery.cancelled() or delivery.exception())
+    return bool(delivery.done() and (delivery.cancelled() or delivery.exception()))
 
 
 def _outcome(delivery: Any) -> Outcome:
