@@ -70,7 +70,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--session-timeout", type=float, default=10.0, help="zookeeper.session_timeout_s"
     )
     parser.add_argument(
-        "--request-timeout-ms", type=int, default=3000, help="kafka.request_timeout_ms"
+        "--request-timeout-ms",
+        type=int,
+        default=ChaosConfig.request_timeout_ms,
+        help="kafka.request_timeout_ms",
+    )
+    parser.add_argument(
+        "--change-every",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        default=ChaosConfig.change_every_s,
+        help="seconds between two changes, drawn in [MIN, MAX] (default: %(default)s)",
     )
     args = parser.parse_args(argv)
     config = ChaosConfig(
@@ -78,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         load_s=args.minutes * 60,
         session_timeout_s=args.session_timeout,
         request_timeout_ms=args.request_timeout_ms,
+        change_every_s=(args.change_every[0], args.change_every[1]),
     )
     header_machine = machine_lines("…")  # the load average before the cluster starts
     began = time.monotonic()
