@@ -21,10 +21,12 @@ acknowledged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import ClassVar
 
+from sidecar.core.errors import BadRequest
 from sidecar.core.gate import waits_into
 from sidecar.core.generations import GenerationLog
 from sidecar.core.routing import relocations
@@ -125,3 +127,141 @@ def revoked_through(log: GenerationLog, acknowledged: Set[tuple[int, int]]) -> M
 def is_gated(log: GenerationLog, partition: int, generation: int) -> bool:
     """True if records of ``generation`` in ``partition`` wait for other partitions."""
     return bool(waits_into(log, partition, generation))
+
+
+# The ledger of one consumer instance ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffEvent:
+    """A key hand-off the app is told of; it acknowledges it by ``event_id``."""
+
+    event_id: int
+    kind: HandoffKind
+    topic: str
+    partition: int
+    generation: int
+
+    @property
+    def subject(self) -> tuple[str, int, int]:
+        return (self.topic, self.partition, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffLedger:
+    """What one consumer instance told its app of key hand-off, and what was acknowledged.
+
+    Pure: the instance keeps the current ledger and replaces it with what each method
+    returns. The rules:
+
+    * an event is told until acknowledged, under one id (telling it again returns the
+      same event);
+    * ``keys_revoked`` is told once per group: acknowledged by this instance's app or
+      recorded for the group by another instance (``with_group_revocations``), it is not
+      told here again, and a pending one is dropped;
+    * when a rebalance takes a partition away, its pending ``keys_revoked`` events are
+      retired: no longer told, still accepted as acknowledged (the app may have got one
+      before the rebalance), the newest ``RETIRED_KEPT`` of them;
+    * acknowledging an id that is neither pending nor retired is refused
+      (BadRequest), and then nothing of that acknowledgement is taken.
+    """
+
+    RETIRED_KEPT: ClassVar[int] = 1000
+
+    next_id: int = 1
+    pending: Mapping[int, HandoffEvent] = field(default_factory=dict)
+    retired: Mapping[int, HandoffEvent] = field(default_factory=dict)
+    assigned: frozenset[tuple[str, int, int]] = frozenset()
+    """(topic, partition, generation) whose keys_assigned the app acknowledged."""
+    revoked: Mapping[str, frozenset[tuple[int, int]]] = field(default_factory=dict)
+    """Per topic, the (partition, generation) revocations acknowledged for the group."""
+
+    def tell(
+        self, kind: HandoffKind, topic: str, partition: int, generation: int
+    ) -> tuple[HandoffLedger, HandoffEvent | None]:
+        """The event to tell for this hand-off: the pending one, or a new one; None if
+        it was acknowledged already."""
+        if self.acknowledged(kind, topic, partition, generation):
+            return self, None
+        subject = (topic, partition, generation)
+        for event in self.pending.values():
+            if event.kind is kind and event.subject == subject:
+                return self, event
+        event = HandoffEvent(self.next_id, kind, topic, partition, generation)
+        pending = {**self.pending, event.event_id: event}
+        return replace(self, next_id=self.next_id + 1, pending=pending), event
+
+    def acknowledged(self, kind: HandoffKind, topic: str, partition: int, generation: int) -> bool:
+        if kind is HandoffKind.KEYS_REVOKED:
+            return (partition, generation) in self.revoked.get(topic, frozenset())
+        return (topic, partition, generation) in self.assigned
+
+    def confirmed(
+        self, kind: HandoffKind, topic: str, partition: int, generation: int
+    ) -> HandoffLedger:
+        """The app confirmed a hand-off without an event (its callback answered 2xx)."""
+        if kind is HandoffKind.KEYS_REVOKED:
+            return self.with_group_revocations(topic, {(partition, generation)})
+        return replace(self, assigned=self.assigned | {(topic, partition, generation)})
+
+    def revocations(self, topic: str) -> frozenset[tuple[int, int]]:
+        """The (partition, generation) revocations of ``topic`` acknowledged for the group."""
+        return self.revoked.get(topic, frozenset())
+
+    def acknowledge(self, event_ids: Sequence[int]) -> tuple[HandoffLedger, list[HandoffEvent]]:
+        """Take the app's acknowledgement; returns the acknowledged events (the
+        keys_revoked among them are to be recorded for the group). Raises BadRequest for
+        an id that is neither pending nor retired."""
+        unknown = [i for i in event_ids if i not in self.pending and i not in self.retired]
+        if unknown:
+            raise BadRequest(f"no pending event {unknown[0]}")
+        events = [self.pending.get(i) or self.retired[i] for i in event_ids]
+        ledger = replace(
+            self,
+            pending={i: e for i, e in self.pending.items() if i not in event_ids},
+            retired={i: e for i, e in self.retired.items() if i not in event_ids},
+        )
+        for event in events:
+            if event.kind is HandoffKind.KEYS_REVOKED:
+                ledger = ledger.with_group_revocations(
+                    event.topic, {(event.partition, event.generation)}
+                )
+            else:
+                ledger = replace(ledger, assigned=ledger.assigned | {event.subject})
+        return ledger, events
+
+    def with_group_revocations(
+        self, topic: str, acknowledged: Set[tuple[int, int]]
+    ) -> HandoffLedger:
+        """Add revocations the group acknowledged; pending keys_revoked among them are
+        dropped (told once per group)."""
+        known = self.revoked.get(topic, frozenset())
+        if acknowledged <= known:
+            return self
+        merged = known | acknowledged
+        pending = {
+            i: e
+            for i, e in self.pending.items()
+            if not (
+                e.kind is HandoffKind.KEYS_REVOKED
+                and e.topic == topic
+                and (e.partition, e.generation) in merged
+            )
+        }
+        return replace(self, revoked={**self.revoked, topic: frozenset(merged)}, pending=pending)
+
+    def partitions_lost(self, partitions: Set[tuple[str, int]]) -> HandoffLedger:
+        """A rebalance took ``partitions`` (topic, partition) away: retire their pending
+        keys_revoked events."""
+        retiring = {
+            i: e
+            for i, e in self.pending.items()
+            if e.kind is HandoffKind.KEYS_REVOKED and (e.topic, e.partition) in partitions
+        }
+        if not retiring:
+            return self
+        retired = {**self.retired, **retiring}
+        if len(retired) > self.RETIRED_KEPT:
+            retired = dict(sorted(retired.items())[-self.RETIRED_KEPT :])
+        pending = {i: e for i, e in self.pending.items() if i not in retiring}
+        return replace(self, pending=pending, retired=retired)

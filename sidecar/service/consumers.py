@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,7 +57,9 @@ from sidecar.core.gate import GroupProgress, Wait, unmet, waits_into
 from sidecar.core.generations import ChangeKind, GenerationLog, PartitionMode
 from sidecar.core.handoff import (
     AssignmentChange,
+    HandoffEvent,
     HandoffKind,
+    HandoffLedger,
     Revocation,
     revocation_points,
     revocations_crossed,
@@ -81,16 +82,6 @@ Fetched = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 FETCH_GRACE_S = 0.05
 """How much longer than its own timeout a poll waits for aiokafka's getmany."""
 CALLBACK_RETRY_S = 0.2
-RETIRED_EVENTS_KEPT = 1000
-
-
-@dataclass(frozen=True)
-class HandoffEvent:
-    event_id: int
-    kind: HandoffKind
-    topic: str
-    partition: int
-    generation: int
 
 
 @dataclass(frozen=True)
@@ -222,17 +213,11 @@ class ConsumerInstance:
         self.manual: list[TopicPartition] = []
         self._partitions: dict[TopicPartition, _PartitionState] = {}
         self._consumer: AIOKafkaConsumer | None = None
-        self._announced: set[tuple[str, int, int]] = set()
-        self._revoked: dict[str, set[tuple[int, int]]] = {}
-        """Per topic, the ``(partition, generation)`` revocations the group acknowledged:
-        this instance's own, and what it last read of the group's in ZooKeeper."""
+        self._ledger = HandoffLedger()
+        """What the app was told of key hand-off and acknowledged (and the group's
+        acknowledged revocations, as last read from ZooKeeper)."""
         self._unrecorded: set[tuple[str, int, int]] = set()
-        """Acknowledged here but not written to ZooKeeper yet (it was away)."""
-        self._retired_events: OrderedDict[int, HandoffEvent] = OrderedDict()
-        """keys_revoked events of partitions a rebalance took away: no longer told, still
-        accepted as acknowledged."""
-        self._events: dict[int, HandoffEvent] = {}
-        self._event_ids = itertools.count(1)
+        """keys_revoked acknowledged here but not written to ZooKeeper yet (it was away)."""
         self._waits: dict[tuple[str, int, int], tuple[float, ChangeKind]] = {}
         self._gate_reported: set[tuple[str, int, int]] = set()
         self._delivery_lock = asyncio.Lock()
@@ -586,13 +571,12 @@ class ConsumerInstance:
         if key not in self._gate_reported:
             self._gate_reported.add(key)
             self._audit_gate_opened(log, progress, tp, record.offset, generation)
-        if key not in self._announced:
+        if not self._ledger.acknowledged(HandoffKind.KEYS_ASSIGNED, *key):
             announced = await self._announce(
                 HandoffKind.KEYS_ASSIGNED, tp.topic, tp.partition, generation, events
             )
             if not announced:
                 return False
-            self._announced.add(key)
         check.open_generations.add(generation)
         return True
 
@@ -657,42 +641,35 @@ class ConsumerInstance:
         group_acknowledged = await self.sidecar.store.acknowledged_revocations(
             self.config.group, topic
         )
-        acknowledged = self._revoked.setdefault(topic, set())
-        acknowledged |= group_acknowledged
+        self._ledger = self._ledger.with_group_revocations(topic, group_acknowledged)
         return GroupProgress(
             committed,
             dict(enumerate(log_start)),
             runtime.state.modes,
-            revoked_through=revoked_through(runtime.state.log, acknowledged),
+            revoked_through=revoked_through(runtime.state.log, self._acknowledged(topic)),
         )
 
     async def _pending_events(self) -> list[HandoffEvent]:
         """The events the app still has to acknowledge, less the keys_revoked the group
         acknowledged meanwhile through another instance (a previous owner of the
         partition, whose app got it first): those are told once, not again."""
-        revoking = {e.topic for e in self._events.values() if e.kind is HandoffKind.KEYS_REVOKED}
+        pending = self._ledger.pending.values()
+        revoking = {e.topic for e in pending if e.kind is HandoffKind.KEYS_REVOKED}
         for topic in revoking:
             try:
-                self._acknowledged(topic).update(
-                    await self.sidecar.store.acknowledged_revocations(self.config.group, topic)
-                )
+                group = await self.sidecar.store.acknowledged_revocations(self.config.group, topic)
             except SidecarError:
                 continue  # ZooKeeper away: tell what is pending, as before
-        for event_id, event in list(self._events.items()):
-            if event.kind is HandoffKind.KEYS_REVOKED and (
-                event.partition,
-                event.generation,
-            ) in self._acknowledged(event.topic):
-                del self._events[event_id]
-        return list(self._events.values())
+            self._ledger = self._ledger.with_group_revocations(topic, group)
+        return list(self._ledger.pending.values())
 
-    def _acknowledged(self, topic: str) -> set[tuple[int, int]]:
-        return self._revoked.setdefault(topic, set())
+    def _acknowledged(self, topic: str) -> frozenset[tuple[int, int]]:
+        return self._ledger.revocations(topic)
 
     async def _record_revoked(self, topic: str, partition: int, generation: int) -> None:
         """The app acknowledged keys_revoked: remember it, and tell the group (the gate of
         the keys' new partition, on any sidecar, waits for it)."""
-        self._acknowledged(topic).add((partition, generation))
+        self._ledger = self._ledger.with_group_revocations(topic, {(partition, generation)})
         self._unrecorded.add((topic, partition, generation))
         await self._record_unrecorded()
 
@@ -759,34 +736,23 @@ class ConsumerInstance:
         """Tell the app; True once it has confirmed (callback 2xx or event acknowledged)."""
         if self.config.callback_url is not None:
             await self._call_back(kind, topic, partition, generation)
+            self._ledger = self._ledger.confirmed(kind, topic, partition, generation)
             return True
-        for event in self._events.values():
-            if (event.kind, event.topic, event.partition, event.generation) == (
-                kind,
-                topic,
-                partition,
-                generation,
-            ):
-                return False  # sent, not acknowledged yet
-        event = HandoffEvent(next(self._event_ids), kind, topic, partition, generation)
-        self._events[event.event_id] = event
-        events.append(event)
+        self._ledger, event = self._ledger.tell(kind, topic, partition, generation)
+        if event is None:
+            return True
+        if event not in events:
+            events.append(event)
         return False
 
     async def acknowledge_events(self, event_ids: Iterable[int]) -> None:
         """The app handled these events. Raises BadRequest for an id that is not pending
         (and then acknowledges none of them)."""
-        event_ids = list(event_ids)
-        known = self._events.keys() | self._retired_events.keys()
-        unknown = [event_id for event_id in event_ids if event_id not in known]
-        if unknown:
-            raise BadRequest(f"no pending event {unknown[0]}")
-        for event_id in event_ids:
-            event = self._events.pop(event_id, None) or self._retired_events.pop(event_id)
+        self._ledger, acknowledged = self._ledger.acknowledge(list(event_ids))
+        for event in acknowledged:
             if event.kind is HandoffKind.KEYS_REVOKED:
-                await self._record_revoked(event.topic, event.partition, event.generation)
-            else:
-                self._announced.add((event.topic, event.partition, event.generation))
+                self._unrecorded.add(event.subject)
+        await self._record_unrecorded()
 
     async def _call_back(
         self,
@@ -981,30 +947,17 @@ class ConsumerInstance:
         self, topic: str, revocation: Revocation, *, patient: bool = True
     ) -> HandoffEvent | None:
         """None once the app knows of ``revocation`` (its callback answered, or its event
-        was acknowledged); otherwise the event it still has to acknowledge, created on
-        first need. In callback mode this calls the callback (see ``_call_back``; raises
-        CallbackFailed)."""
-        key = (topic, revocation.partition, revocation.generation)
-        if (revocation.partition, revocation.generation) in self._acknowledged(topic):
+        was acknowledged, here or through another instance of the group); otherwise the
+        event it still has to acknowledge, created on first need. In callback mode this
+        calls the callback (see ``_call_back``; raises CallbackFailed)."""
+        subject = (topic, revocation.partition, revocation.generation)
+        if self._ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
             return None
         if self.config.callback_url is not None:
-            await self._call_back(
-                HandoffKind.KEYS_REVOKED,
-                topic,
-                revocation.partition,
-                revocation.generation,
-                patient=patient,
-            )
-            await self._record_revoked(*key)
+            await self._call_back(HandoffKind.KEYS_REVOKED, *subject, patient=patient)
+            await self._record_revoked(*subject)
             return None
-        for event in self._events.values():
-            if (event.kind, event.topic, event.partition, event.generation) == (
-                HandoffKind.KEYS_REVOKED,
-                *key,
-            ):
-                return event
-        event = HandoffEvent(next(self._event_ids), HandoffKind.KEYS_REVOKED, *key)
-        self._events[event.event_id] = event
+        self._ledger, event = self._ledger.tell(HandoffKind.KEYS_REVOKED, *subject)
         return event
 
     async def settle_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
@@ -1138,14 +1091,7 @@ class ConsumerInstance:
         # Their keys_revoked events are no longer this instance's to tell: the new owner
         # tells its app whatever the group has not acknowledged. An app that already
         # got one may still acknowledge it (and spare the new owner's app the telling).
-        for event_id, event in list(self._events.items()):
-            if (
-                event.kind is HandoffKind.KEYS_REVOKED
-                and TopicPartition(event.topic, event.partition) in gone
-            ):
-                self._retired_events[event_id] = self._events.pop(event_id)
-        while len(self._retired_events) > RETIRED_EVENTS_KEPT:
-            self._retired_events.popitem(last=False)
+        self._ledger = self._ledger.partitions_lost({(tp.topic, tp.partition) for tp in gone})
 
     async def _ensure_consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
