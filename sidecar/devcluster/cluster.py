@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -165,7 +165,7 @@ class LocalCluster:
                 "pid": record.pid if record else None,
                 "alive": self._alive(name),
                 "port": port,
-                "listening": _port_open(port),
+                "listening": port_open(port),
             }
         return report
 
@@ -207,7 +207,7 @@ class LocalCluster:
                 raise DevClusterError(
                     f"zookeeper exited during start:\n{self.log_tail('zookeeper')}"
                 )
-            return _zookeeper_ok(port)
+            return zookeeper_serving(port)
 
         self._wait_until(ready, timeout, "zookeeper", "ZooKeeper did not serve requests")
 
@@ -224,9 +224,9 @@ class LocalCluster:
             # Ask the cluster only once every listener is up: the client logs each
             # refused connection at ERROR level.
             ports = self._require_state().kafka_ports.values()
-            if not all(_port_open(port) for port in ports):
+            if not all(port_open(port) for port in ports):
                 return False
-            return _run_in_thread(_broker_count(self.kafka_bootstrap)) >= expected
+            return run_in_thread(broker_count_of(self.kafka_bootstrap)) >= expected
 
         self._wait_until(ready, timeout, "kafka-1", f"Kafka did not show {expected} brokers")
 
@@ -243,7 +243,7 @@ class LocalCluster:
 
     def _new_state(self) -> ClusterState:
         nodes = [str(n) for n in self.node_ids()]
-        ports = _free_ports(1 + 2 * len(nodes))
+        ports = free_ports(1 + 2 * len(nodes))
         return ClusterState(
             cluster_id=base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="),
             zookeeper_port=ports[0],
@@ -257,23 +257,7 @@ class LocalCluster:
         node_dir = self._node_dir("zookeeper")
         (node_dir / "data").mkdir(parents=True, exist_ok=True)
         config = node_dir / "zoo.cfg"
-        config.write_text(
-            "\n".join(
-                [
-                    f"dataDir={node_dir / 'data'}",
-                    f"clientPort={state.zookeeper_port}",
-                    "clientPortAddress=127.0.0.1",
-                    "tickTime=500",
-                    # Sessions between 1 s and 20 s: fault tests expire them quickly.
-                    "minSessionTimeout=1000",
-                    "maxSessionTimeout=20000",
-                    "admin.enableServer=false",
-                    "4lw.commands.whitelist=ruok,srvr,stat",
-                    "maxClientCnxns=0",
-                    "",
-                ]
-            )
-        )
+        config.write_text(zookeeper_config(state.zookeeper_port, node_dir / "data"))
         command = [
             installed.java,
             *ZOOKEEPER_HEAP,
@@ -312,42 +296,7 @@ class LocalCluster:
 
     def _kafka_properties(self, node_id: int, log_dir: Path) -> str:
         state = self._require_state()
-        port = state.kafka_ports[str(node_id)]
-        controller_port = state.controller_ports[str(node_id)]
-        voters = ",".join(f"{node}@127.0.0.1:{p}" for node, p in state.controller_ports.items())
-        replication = min(3, self.broker_count)
-        settings = {
-            "process.roles": "broker,controller",
-            "node.id": node_id,
-            "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": log_dir,
-            "num.partitions": 1,
-            "default.replication.factor": replication,
-            "offsets.topic.replication.factor": replication,
-            # Fewer internal partitions: the first group join on a 2-core box is faster.
-            "offsets.topic.num.partitions": 10,
-            "transaction.state.log.replication.factor": replication,
-            "transaction.state.log.min.isr": min(2, replication),
-            "transaction.state.log.num.partitions": 5,
-            "share.coordinator.state.topic.replication.factor": replication,
-            "share.coordinator.state.topic.min.isr": min(2, replication),
-            "auto.create.topics.enable": "false",
-            "delete.topic.enable": "true",
-            "group.initial.rebalance.delay.ms": 0,
-            # Compacted topics get cleaned within seconds in tests.
-            "log.cleaner.backoff.ms": 1000,
-            "log.cleaner.threads": 1,
-            "num.network.threads": 2,
-            "num.io.threads": 2,
-            "num.replica.fetchers": 1,
-            "background.threads": 2,
-        }
-        return "".join(f"{key}={value}\n" for key, value in settings.items())
+        return kafka_properties(node_id, state.kafka_ports, state.controller_ports, log_dir)
 
     def _format_storage(self, properties: Path, node_dir: Path) -> None:
         installed = self._require_installed()
@@ -458,7 +407,72 @@ class LocalCluster:
         return self._installed
 
 
-def _free_ports(count: int) -> list[int]:
+def zookeeper_config(port: int, data_dir: Path | str) -> str:
+    """A standalone ZooKeeper's zoo.cfg, listening on 127.0.0.1:``port``."""
+    return "\n".join(
+        [
+            f"dataDir={data_dir}",
+            f"clientPort={port}",
+            "clientPortAddress=127.0.0.1",
+            "tickTime=500",
+            # Sessions between 1 s and 20 s: fault tests expire them quickly.
+            "minSessionTimeout=1000",
+            "maxSessionTimeout=20000",
+            "admin.enableServer=false",
+            "4lw.commands.whitelist=ruok,srvr,stat",
+            "maxClientCnxns=0",
+            "",
+        ]
+    )
+
+
+def kafka_properties(
+    node_id: int,
+    kafka_ports: Mapping[str, int],
+    controller_ports: Mapping[str, int],
+    log_dir: Path | str,
+) -> str:
+    """server.properties of combined broker/controller ``node_id`` of a KRaft cluster whose
+    nodes listen on 127.0.0.1 at ``kafka_ports`` and ``controller_ports`` (by node id)."""
+    port = kafka_ports[str(node_id)]
+    controller_port = controller_ports[str(node_id)]
+    voters = ",".join(f"{node}@127.0.0.1:{p}" for node, p in controller_ports.items())
+    replication = min(3, len(kafka_ports))
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": node_id,
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": log_dir,
+        "num.partitions": 1,
+        "default.replication.factor": replication,
+        "offsets.topic.replication.factor": replication,
+        # Fewer internal partitions: the first group join on a 2-core box is faster.
+        "offsets.topic.num.partitions": 10,
+        "transaction.state.log.replication.factor": replication,
+        "transaction.state.log.min.isr": min(2, replication),
+        "transaction.state.log.num.partitions": 5,
+        "share.coordinator.state.topic.replication.factor": replication,
+        "share.coordinator.state.topic.min.isr": min(2, replication),
+        "auto.create.topics.enable": "false",
+        "delete.topic.enable": "true",
+        "group.initial.rebalance.delay.ms": 0,
+        # Compacted topics get cleaned within seconds in tests.
+        "log.cleaner.backoff.ms": 1000,
+        "log.cleaner.threads": 1,
+        "num.network.threads": 2,
+        "num.io.threads": 2,
+        "num.replica.fetchers": 1,
+        "background.threads": 2,
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def free_ports(count: int) -> list[int]:
     sockets = []
     try:
         for _ in range(count):
@@ -471,7 +485,7 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return True
@@ -479,7 +493,7 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def _zookeeper_ok(port: int) -> bool:
+def zookeeper_serving(port: int) -> bool:
     # `srvr`, not `ruok`: ZooKeeper answers `imok` as soon as it listens, even when its
     # server thread died while loading the database; `srvr` reports a mode only while
     # it serves requests.
@@ -511,7 +525,7 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-async def _broker_count(bootstrap: str) -> int:
+async def broker_count_of(bootstrap: str) -> int:
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
@@ -523,7 +537,7 @@ async def _broker_count(bootstrap: str) -> int:
         await admin.close()
 
 
-def _run_in_thread(coroutine: Coroutine[Any, Any, _T]) -> _T:
+def run_in_thread(coroutine: Coroutine[Any, Any, _T]) -> _T:
     """Run ``coroutine`` on a fresh event loop in a worker thread.
 
     The cluster's API is synchronous and is also called from async tests, where the
