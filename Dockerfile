@@ -3,6 +3,9 @@
 # Kubernetes webhook (same image). Two stages: the build stage installs the package into
 # a virtualenv, the runtime stage copies only that virtualenv (no pip cache, no sources).
 #
+# `./run image` builds it on machines without a registry: PYTHON_IMAGE is then a Debian
+# bookworm base made locally with debootstrap (see sidecar/devcluster/images.py).
+#
 # The base is pinned by tag. Pin it by digest too where you build, e.g.
 #   docker build --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest> .
 # (the digest is not written here because it could not be read from this build machine).
@@ -11,7 +14,13 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
-RUN python -m venv /opt/ordered-sidecar
+# pip reads these from the environment. The defaults change nothing (PyPI, as usual); a
+# build machine that cannot reach an index passes a wheelhouse, as `./run image` does:
+#   --build-arg PIP_FIND_LINKS=http://127.0.0.1:<port>/ --build-arg PIP_NO_INDEX=1
+ARG PIP_FIND_LINKS=""
+ARG PIP_NO_INDEX=0
+# python3, not python: a base made from Debian's python3 package has only python3.
+RUN python3 -m venv /opt/ordered-sidecar
 WORKDIR /src
 # Only what `pip install .` reads: the project metadata (with its readme) and the package.
 COPY pyproject.toml README.md ./

