@@ -4,10 +4,13 @@ In order of preference:
 
 1. an external cluster, when ``SIDECAR_TEST_KAFKA_BOOTSTRAP`` and
    ``SIDECAR_TEST_ZOOKEEPER_HOSTS`` are set (nothing is started or stopped);
-2. testcontainers, when ``SIDECAR_TEST_CLUSTER=docker`` is set and a Docker engine
-   answers (one KRaft Kafka container plus a ZooKeeper container);
+2. containers, when ``SIDECAR_TEST_CLUSTER=docker`` is set: a
+   :class:`~sidecar.devcluster.docker_cluster.DockerCluster` (ZooKeeper and three KRaft
+   Kafka nodes, by testcontainers, from the test servers' image, host networking) on
+   the Docker engine that answers, or the project's own dockerd where none does (root
+   on Debian; see ``sidecar.devcluster.docker_engine``), stopped again at the end;
 3. a :class:`LocalCluster` of local processes in a fresh directory (the default, and
-   what CI uses: these machines have no Docker engine).
+   what CI's session cluster is; CI runs the container tests beside it).
 
 ``SIDECAR_TEST_CLUSTER=local`` forces the third. A cluster that cannot start raises: an
 integration test never silently skips.
@@ -21,34 +24,60 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from sidecar.devcluster.cluster import LocalCluster
 from sidecar.devcluster.errors import DevClusterError
+
+if TYPE_CHECKING:
+    from sidecar.devcluster.docker_cluster import DockerCluster
 
 BOOTSTRAP_ENV = "SIDECAR_TEST_KAFKA_BOOTSTRAP"
 ZOOKEEPER_ENV = "SIDECAR_TEST_ZOOKEEPER_HOSTS"
 KIND_ENV = "SIDECAR_TEST_CLUSTER"
 
 
+class ClusterServers(Protocol):
+    """Stopping and starting single servers, for fault tests: what the local cluster and
+    the cluster in containers both offer."""
+
+    def node_ids(self) -> list[int]: ...
+    def stop_broker(self, node_id: int, *, kill: bool = False) -> None: ...
+    def start_broker(self, node_id: int, timeout: float = 60.0) -> None: ...
+    def stop_zookeeper(self, *, kill: bool = False) -> None: ...
+    def start_zookeeper(self, timeout: float = 60.0) -> None: ...
+    def wait_for_kafka(self, timeout: float = 120.0) -> None: ...
+
+
 @dataclass(frozen=True)
 class ClusterEndpoints:
-    """Where the test cluster listens, and the local processes if this run started them."""
+    """Where the test cluster listens, and its servers if this run started them."""
 
     kind: str
     kafka_bootstrap: str
     zookeeper_hosts: str
     broker_count: int
     local: LocalCluster | None = None
+    """The local processes, when this run started them."""
+    docker: DockerCluster | None = None
+    """The containers, when this run started them."""
 
     @property
     def replication_factor(self) -> int:
         return min(3, self.broker_count)
 
+    @property
+    def servers(self) -> ClusterServers | None:
+        """The servers this run started (None for an external cluster)."""
+        return self.local or self.docker
+
 
 @contextmanager
-def provide_cluster(work_dir: Path | None = None) -> Iterator[ClusterEndpoints]:
-    kind = os.environ.get(KIND_ENV, "auto")
+def provide_cluster(
+    work_dir: Path | None = None, kind: str | None = None
+) -> Iterator[ClusterEndpoints]:
+    """The test cluster ``kind`` (default: ``$SIDECAR_TEST_CLUSTER``, else ``auto``)."""
+    kind = kind or os.environ.get(KIND_ENV, "auto")
     bootstrap = os.environ.get(BOOTSTRAP_ENV)
     zookeeper = os.environ.get(ZOOKEEPER_ENV)
     if kind in ("auto", "external") and bootstrap and zookeeper:
@@ -89,14 +118,21 @@ def _local_cluster(work_dir: Path | None) -> Iterator[ClusterEndpoints]:
 
 @contextmanager
 def _docker_cluster() -> Iterator[ClusterEndpoints]:
-    # Imported here: testcontainers probes for Docker at import time in some versions.
-    from testcontainers.community.kafka import KafkaContainer
-    from testcontainers.core.container import DockerContainer
-    from testcontainers.core.waiting_utils import wait_for_logs
+    # Imported here: the Docker SDK and testcontainers are test dependencies.
+    from sidecar.devcluster.docker_cluster import DockerCluster
+    from sidecar.devcluster.docker_engine import docker_engine
+    from sidecar.devcluster.images import ensure_servers_image
 
-    kafka: Any = KafkaContainer("confluentinc/cp-kafka:7.6.0").with_kraft()
-    zookeeper: Any = DockerContainer("zookeeper:3.9").with_exposed_ports(2181)
-    with kafka, zookeeper:
-        wait_for_logs(zookeeper, "binding to port", timeout=60)
-        hosts = f"{zookeeper.get_container_host_ip()}:{zookeeper.get_exposed_port(2181)}"
-        yield ClusterEndpoints("docker", kafka.get_bootstrap_server(), hosts, 1)
+    with docker_engine():
+        cluster = DockerCluster(ensure_servers_image())
+        try:
+            cluster.start(timeout=240.0)
+            yield ClusterEndpoints(
+                "docker",
+                cluster.kafka_bootstrap,
+                cluster.zookeeper_hosts,
+                cluster.broker_count,
+                docker=cluster,
+            )
+        finally:
+            cluster.stop()

@@ -55,7 +55,7 @@ async def test_every_broker_is_registered(
 ) -> None:
     description = await admin.describe_cluster()
     assert len(description["brokers"]) == cluster.broker_count
-    if cluster.local is not None:
+    if cluster.servers is not None:
         assert cluster.broker_count == 3
 
 

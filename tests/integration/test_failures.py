@@ -11,7 +11,7 @@ group reading through the gate, causes one failure, and then checks:
   promptly.
 
 The broker and ZooKeeper tests stop servers of the cluster this run started, so they
-skip only against an external cluster (``cluster.local is None``).
+skip only against an external cluster (``cluster.servers is None``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from aiohttp import web
 from aiokafka.admin import AIOKafkaAdminClient
 from kazoo.client import KazooClient
 
-from sidecar.devcluster.cluster import LocalCluster
-from sidecar.devcluster.provider import ClusterEndpoints
+from sidecar.devcluster.provider import ClusterEndpoints, ClusterServers
 from sidecar.server import SidecarServer
 from tests.integration.consumers import serve_callbacks
 from tests.integration.ledger import (
@@ -62,10 +61,10 @@ HELD_OR_UNAVAILABLE = {(503, 50330), (503, 50320)}
 """Held past the hold timeout / metadata unavailable: retriable, nothing written."""
 
 
-def _local(cluster: ClusterEndpoints) -> LocalCluster:
-    if cluster.local is None:
-        pytest.skip("stops cluster servers: needs the local cluster this run starts (as in CI)")
-    return cluster.local
+def _local(cluster: ClusterEndpoints) -> ClusterServers:
+    if cluster.servers is None:
+        pytest.skip("stops cluster servers: needs a cluster this run starts (as in CI)")
+    return cluster.servers
 
 
 @asynccontextmanager
