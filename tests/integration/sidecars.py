@@ -150,8 +150,9 @@ class SidecarProcess(SidecarClient):
     process: asyncio.subprocess.Process
 
 
-def _environment(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """``settings`` as the ``ORDERED_SIDECAR__*`` variables ``sidecar serve`` reads."""
+    env: dict[str, str] = {}
     for section in ("kafka", "zookeeper", "http", "produce", "faults"):
         values = getattr(settings, section)
         for name in values.__dataclass_fields__:
@@ -163,6 +164,10 @@ def _environment(settings: Settings) -> dict[str, str]:
             )
     env["ORDERED_SIDECAR__SIDECAR_ID"] = settings.sidecar_id
     return env
+
+
+def _environment(settings: Settings) -> dict[str, str]:
+    return dict(os.environ) | settings_environment(settings)
 
 
 async def start_process(settings: Settings) -> SidecarProcess:
