@@ -29,6 +29,10 @@ from sidecar.devcluster.install import InstalledServers, ensure_installed
 
 _T = TypeVar("_T")
 
+# How long a restarted broker may take to register again. Seen above 60 s on the loaded
+# 2-core machine (three JVMs of the cluster, the tests and other work sharing it).
+RESTART_TIMEOUT_S = 180.0
+
 STATE_FILE = "cluster.json"
 # Small heaps for a 2-core machine: Kafka 4 runs well with 1 GiB per combined node.
 KAFKA_HEAP = ["-Xms256m", "-Xmx1g"]
@@ -178,7 +182,7 @@ class LocalCluster:
         self._wait_exit(name, time.monotonic() + 30.0)
         self._save()
 
-    def start_broker(self, node_id: int, timeout: float = 60.0) -> None:
+    def start_broker(self, node_id: int, timeout: float = RESTART_TIMEOUT_S) -> None:
         """Start one stopped Kafka node again and wait until the cluster sees it."""
         if not self._alive(f"kafka-{node_id}"):
             self._spawn_kafka(node_id)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.devcluster.cluster import (
+    RESTART_TIMEOUT_S,
     broker_count_of,
     free_ports,
     kafka_properties,
@@ -131,7 +132,7 @@ class DockerCluster:
         """Stop one Kafka container (SIGKILL if ``kill``); its data stays for a restart."""
         self._halt(f"kafka-{node_id}", kill)
 
-    def start_broker(self, node_id: int, timeout: float = 60.0) -> None:
+    def start_broker(self, node_id: int, timeout: float = RESTART_TIMEOUT_S) -> None:
         """Start one stopped Kafka container again and wait until the cluster sees it."""
         self._resume(f"kafka-{node_id}")
         self.wait_for_kafka(timeout=timeout)
