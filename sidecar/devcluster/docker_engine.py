@@ -263,6 +263,10 @@ class _OwnEngine:
                 time.sleep(0.05)
         with contextlib.suppress(FileNotFoundError):
             self.pidfile.unlink()
+        # dockerd leaves its bind mount of the host's network namespace
+        # (<exec-root>/netns/default) behind, which makes the directory undeletable.
+        for root in (self.exec_root, self.data_root):
+            unmount_under(root)
 
     def _pid(self) -> int | None:
         try:
@@ -287,6 +291,22 @@ def _is_dockerd(pid: int) -> bool:
         return False
     state = stat[stat.rindex(")") + 2 :].split()[0]
     return state != "Z" and os.path.basename(command) == b"dockerd"
+
+
+def unmount_under(directory: Path) -> None:
+    """Unmount every mount point at or below ``directory``, deepest first."""
+    prefix = str(directory.resolve())
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return
+    # Field 5 is the mount point, with spaces and the like written as octal escapes.
+    points = {
+        line.split()[4].encode().decode("unicode_escape") for line in lines if len(line.split()) > 4
+    }
+    inside = [p for p in points if p == prefix or p.startswith(prefix + "/")]
+    for point in sorted(inside, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
 
 
 def _reap(pid: int) -> None:
