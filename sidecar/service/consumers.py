@@ -224,6 +224,10 @@ class ConsumerInstance:
         self._revoking: set[TopicPartition] = set()
         self._last_auto_commit = time.monotonic()
         self._http: aiohttp.ClientSession | None = None
+        self._revoke_calls: dict[tuple[str, int, int], tuple[asyncio.Task[None], bool]] = {}
+        """keys_revoked callbacks under way (and whether each is patient): the release
+        loop, a commit and a rebalance listener can all need the same one at once, and
+        the app must be called once, not once per need."""
         self._fetching: (
             asyncio.Future[dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]] | None
         ) = None
@@ -666,13 +670,6 @@ class ConsumerInstance:
     def _acknowledged(self, topic: str) -> frozenset[tuple[int, int]]:
         return self._ledger.revocations(topic)
 
-    async def _record_revoked(self, topic: str, partition: int, generation: int) -> None:
-        """The app acknowledged keys_revoked: remember it, and tell the group (the gate of
-        the keys' new partition, on any sidecar, waits for it)."""
-        self._ledger = self._ledger.with_group_revocations(topic, {(partition, generation)})
-        self._unrecorded.add((topic, partition, generation))
-        await self._record_unrecorded()
-
     async def _record_unrecorded(self) -> None:
         for topic, partition, generation in sorted(self._unrecorded):
             try:
@@ -954,11 +951,48 @@ class ConsumerInstance:
         if self._ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
             return None
         if self.config.callback_url is not None:
-            await self._call_back(HandoffKind.KEYS_REVOKED, *subject, patient=patient)
-            await self._record_revoked(*subject)
+            await self._revoke_call(subject, patient=patient)
+            await self._record_unrecorded()
             return None
         self._ledger, event = self._ledger.tell(HandoffKind.KEYS_REVOKED, *subject)
         return event
+
+    async def _revoke_call(self, subject: tuple[str, int, int], *, patient: bool) -> None:
+        """Call the keys_revoked callback for ``subject``, or join the call under way.
+
+        A patient caller that joined an impatient call which failed calls again, with
+        its own patience. Raises CallbackFailed.
+        """
+        while True:
+            under_way = self._revoke_calls.get(subject)
+            if under_way is None:
+                call = asyncio.ensure_future(self._call_back_revoked(subject, patient=patient))
+                under_way = (call, patient)
+                self._revoke_calls[subject] = under_way
+                call.add_done_callback(lambda done: self._revoke_call_ended(subject, done))
+            call, call_patient = under_way
+            try:
+                # Shielded: a caller cancelled (a poll timing out) leaves the call to
+                # the others, instead of cutting it off after the app may have acted.
+                await asyncio.shield(call)
+                return
+            except CallbackFailed:
+                if call_patient or not patient:
+                    raise
+
+    async def _call_back_revoked(self, subject: tuple[str, int, int], *, patient: bool) -> None:
+        await self._call_back(HandoffKind.KEYS_REVOKED, *subject, patient=patient)
+        # Noted before the call counts as ended, so that no caller in between finds it
+        # neither acknowledged nor under way and calls the app again.
+        self._ledger = self._ledger.with_group_revocations(subject[0], {subject[1:]})
+        self._unrecorded.add(subject)
+
+    def _revoke_call_ended(self, subject: tuple[str, int, int], call: asyncio.Task[None]) -> None:
+        under_way = self._revoke_calls.get(subject)
+        if under_way is not None and under_way[0] is call:
+            del self._revoke_calls[subject]
+        if not call.cancelled():
+            call.exception()  # retrieved: every waiter got it, or none is left to
 
     async def settle_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
         """Before a rebalance takes ``partitions`` away, get the app's keys-revoked
@@ -1075,6 +1109,8 @@ class ConsumerInstance:
         if self._fetching is not None:
             self._fetching.cancel()  # it may wait for an assignment that never comes
             self._fetching = None
+        for call, _ in list(self._revoke_calls.values()):
+            call.cancel()
         if self._consumer is not None:
             if self.config.auto_commit:
                 with contextlib.suppress(SidecarError, KafkaError):

@@ -1,0 +1,138 @@
+"""keys_revoked by callback: one call per revocation, however many paths need it at once.
+
+The release loop, a commit and a rebalance listener can each find the same revocation
+unacknowledged at the same moment; the app must be called once. A real HTTP endpoint
+plays the app; the sidecar around the instance is reduced to the acknowledgements it
+writes to ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from sidecar.core.errors import CallbackFailed
+from sidecar.core.handoff import Revocation
+from sidecar.service.consumers import ConsumerInstance, InstanceConfig
+
+
+class _App:
+    """Answers keys_revoked callbacks after ``delay_s``; 503 for ``refuse_s`` after the
+    first call."""
+
+    def __init__(self, *, refuse_s: float = 0.0, delay_s: float = 0.1) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.refuse_s = refuse_s
+        self.delay_s = delay_s
+        self._first: float | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.calls.append(await request.json())
+        now = asyncio.get_running_loop().time()
+        if self._first is None:
+            self._first = now
+        await asyncio.sleep(self.delay_s)
+        if now - self._first < self.refuse_s:
+            return web.Response(status=503)
+        return web.Response(status=204)
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.acknowledged: list[tuple[str, str, int, int]] = []
+
+    async def acknowledge_revocation(
+        self, group: str, topic: str, partition: int, generation: int
+    ) -> None:
+        self.acknowledged.append((group, topic, partition, generation))
+
+
+class _Consumers:
+    def callback_done(self, kind: object, seconds: float, ok: bool) -> None:
+        pass
+
+
+async def _instance(app: _App) -> tuple[ConsumerInstance, web.AppRunner, _Store]:
+    server = web.Application()
+    server.router.add_post("/hand-off", app.handle)
+    runner = web.AppRunner(server)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    config = InstanceConfig(
+        group="g",
+        name="i",
+        format="binary",
+        callback_url=f"http://127.0.0.1:{port}/hand-off",
+        callback_timeout_s=0.5,
+    )
+    store = _Store()
+    sidecar: Any = SimpleNamespace(store=store)
+    consumers: Any = _Consumers()
+    return ConsumerInstance(config, sidecar, consumers), runner, store
+
+
+async def test_needs_at_once_call_the_app_once() -> None:
+    app = _App()
+    instance, runner, store = await _instance(app)
+    revocation = Revocation(partition=0, generation=1, boundary=10)
+    try:
+        answers = await asyncio.gather(
+            instance._revocation_pending("t", revocation, patient=False),
+            instance._revocation_pending("t", revocation),
+            instance._revocation_pending("t", revocation),
+        )
+        assert list(answers) == [None, None, None]
+        assert len(app.calls) == 1, app.calls
+        # Known from now on: a later need calls nobody.
+        assert await instance._revocation_pending("t", revocation) is None
+        assert len(app.calls) == 1
+        assert ("g", "t", 0, 1) in store.acknowledged
+    finally:
+        await instance.close()
+        await runner.cleanup()
+
+
+async def test_a_patient_need_calls_again_when_the_impatient_call_fails() -> None:
+    # The impatient call is tried for one callback timeout (0.5 s) and refused throughout;
+    # the patient need that joined it then calls with its own patience and gets through.
+    app = _App(refuse_s=1.0)
+    instance, runner, store = await _instance(app)
+    revocation = Revocation(partition=2, generation=3, boundary=40)
+    try:
+        impatient = asyncio.create_task(
+            instance._revocation_pending("t", revocation, patient=False)
+        )
+        await asyncio.sleep(0.05)  # the impatient call is under way
+        patient = asyncio.create_task(instance._revocation_pending("t", revocation))
+        with pytest.raises(CallbackFailed):
+            await impatient
+        refused = len(app.calls)
+        assert await patient is None
+        assert len(app.calls) > refused  # called again, and the app acknowledged it
+        assert store.acknowledged == [("g", "t", 2, 3)]
+    finally:
+        await instance.close()
+        await runner.cleanup()
+
+
+async def test_a_cancelled_need_leaves_the_call_to_the_others() -> None:
+    app = _App(delay_s=0.2)
+    instance, runner, _ = await _instance(app)
+    revocation = Revocation(partition=1, generation=2, boundary=5)
+    try:
+        first = asyncio.create_task(instance._revocation_pending("t", revocation))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(instance._revocation_pending("t", revocation))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        assert await second is None
+        assert len(app.calls) == 1
+    finally:
+        await instance.close()
+        await runner.cleanup()
