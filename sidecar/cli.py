@@ -9,8 +9,9 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sidecar", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    from sidecar import admin_cli, demo
+    from sidecar import admin_cli
     from sidecar.audit import job as audit_job
+    from sidecar.demo import command as demo
     from sidecar.devcluster import cli as devcluster_cli
     from sidecar.devcluster import images
     from sidecar.inject import server as inject_server
