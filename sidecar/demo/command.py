@@ -1,7 +1,7 @@
 """`sidecar demo` (`./run demo`): the product end to end on this machine, in about three
 minutes once installed.
 
-1. starts ZooKeeper and a 3-node KRaft Kafka cluster on 127.0.0.1 (``var/devcluster``),
+1. starts ZooKeeper and a 3-node KRaft Kafka cluster on 127.0.0.1 (``var/demo/cluster``),
    or uses a running one (``--kafka`` and ``--zookeeper``);
 2. starts three ``sidecar serve`` processes on one ZooKeeper root (free loopback ports,
    admin API on with a random token, audit events to a fresh audit topic) and, when the
@@ -32,6 +32,7 @@ import asyncio
 import json
 import math
 import secrets
+import shutil
 import signal
 import sys
 import time
@@ -69,13 +70,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--dir", type=Path, default=default_work_dir(), help="the local cluster's directory"
-    )
-    parser.add_argument(
         "--work-dir",
         type=Path,
         default=default_work_dir().parent / "demo",
-        help="sidecar and Prometheus logs, audit output, demo.json (default: %(default)s)",
+        help="the cluster (unless --dir), logs, audit output, demo.json (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        help="a local cluster's directory to use as it is (e.g. var/devcluster); default: "
+        "the demo's own, WORK_DIR/cluster, started afresh by each run",
     )
     parser.add_argument("--keep", action="store_true", help="leave everything running")
     parser.add_argument("--stop", action="store_true", help="stop what --keep left running")
@@ -127,19 +131,29 @@ def run(args: argparse.Namespace) -> int:
             state = DemoState(None, args.kafka, args.zookeeper)
             print(f"cluster: using kafka {args.kafka}, zookeeper {args.zookeeper}")
         else:
-            cluster = LocalCluster(args.dir)
-            running = cluster.state is not None and all(
-                server["alive"] for server in cluster.status().values()
-            )
+            cluster_dir = (args.dir or work_dir / "cluster").resolve()
+            cluster = LocalCluster(cluster_dir)
+            servers = cluster.status() if cluster.state is not None else {}
+            running = bool(servers) and all(server["alive"] for server in servers.values())
+            if args.dir is None and not any(server["alive"] for server in servers.values()):
+                # The demo's own cluster, stopped: start it afresh on ports free now. A
+                # stopped cluster restarts on the ports it had, which on a busy machine
+                # another program may hold by now.
+                shutil.rmtree(cluster_dir, ignore_errors=True)
+                cluster = LocalCluster(cluster_dir)
             print(
                 f"cluster: {'using the running' if running else 'starting a'} local cluster in "
-                f"{args.dir} (ZooKeeper + 3 KRaft Kafka nodes on 127.0.0.1)",
+                f"{cluster_dir} (ZooKeeper + 3 KRaft Kafka nodes on 127.0.0.1)",
                 flush=True,
             )
             seconds = cluster.start(timeout=240.0)
-            # A cluster that was up before the demo is left up after it.
+            # A cluster that was up before the demo is left up after it, unless an
+            # earlier demo started it (and left it running with --keep).
+            owned = not running or (
+                previous is not None and previous.cluster_dir == str(cluster_dir)
+            )
             state = DemoState(
-                None if running else str(args.dir.resolve()),
+                str(cluster_dir) if owned else None,
                 cluster.kafka_bootstrap,
                 cluster.zookeeper_hosts,
             )
