@@ -22,9 +22,13 @@ answered once its transaction has ended:
 
 Anything that leaves a transaction in doubt (an error, a timeout) is ended by
 re-initialising the producer under the same id: Kafka completes or aborts the open
-transaction before it answers. A fenced producer fails closed: every queued and later
-write fails (not appended) and ``fenced`` is set until its owner replaces the writer
-with one under a new, registered id.
+transaction before it answers. That re-initialisation also takes the id back from
+whoever fenced it meanwhile: a sidecar resuming from a pause finds its commit timed out
+(the clock ran on while it was stopped) and would, by re-initialising, undo the fence a
+coordinator put on it. So the writer writes nothing more after settling a doubt: like a
+fenced one, it fails closed (every queued and later write fails, not appended) and
+``fenced`` is set until its owner replaces the writer with one under a new, registered
+id, after reading the metadata again.
 """
 
 from __future__ import annotations
@@ -102,7 +106,8 @@ class TransactionalWriter:
 
     ``start`` before use (it initialises the id, which fences any earlier producer of
     it), ``stop`` at the end. ``on_fenced`` is called once, on the event loop, when the
-    id turns out to belong to another producer.
+    id turns out to belong to another producer or the writer retired itself after
+    settling a doubt.
     """
 
     def __init__(
@@ -279,6 +284,10 @@ class TransactionalWriter:
         await self._reset()
         for request in group:
             request.settle(request.answer.result())
+        # The re-initialisation may have undone a fence this process could not see (see
+        # the module's docstring): nothing more is written under this id.
+        _log.warning("%s settled a doubt: retired, to be replaced", self.transactional_id)
+        self._mark_fenced()
 
     async def _reset(self) -> None:
         """Replace the producer by one under the same id: Kafka completes or aborts the open

@@ -325,8 +325,9 @@ class Sidecar:
             self._spawn(self._recover())
 
     def _on_writer_fenced(self) -> None:
-        """A coordinator fenced this sidecar's producer (it was taken for a zombie)."""
-        _log.warning("the transactional producer of %s was fenced", self.sidecar_id)
+        """A coordinator fenced this sidecar's producer (it was taken for a zombie), or the
+        producer retired itself after settling a doubt (which may have undone a fence)."""
+        _log.warning("the transactional producer of %s was fenced or retired", self.sidecar_id)
         for runtime in self.topics.values():
             runtime.participant = runtime.participant.producer_replaced()
             runtime.notify()

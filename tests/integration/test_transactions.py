@@ -114,6 +114,50 @@ async def test_a_fenced_writer_fails_closed_and_writes_nothing_more(
     assert await _read_committed(cluster, topic, 1) == [b"before"]
 
 
+async def test_a_writer_that_settled_a_doubt_writes_nothing_more(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    """A sidecar resuming from a pause finds its commit timed out (the clock ran on while
+    it was stopped) and settles the doubt by re-initialising its id, which also takes
+    the id back from the coordinator that fenced it meanwhile. Writing on under the id
+    would put records across a barrier it never saw; the writer retires instead."""
+    topic = await _topic(gateway, cluster)
+    retired: list[str] = []
+    transactional_id = f"paused-{uuid.uuid4().hex[:8]}"
+    settings = KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=3_000)
+    writer = TransactionalWriter(
+        settings, transactional_id, on_fenced=lambda: retired.append("retired")
+    )
+    await writer.start()
+    try:
+        first = await writer.write(topic, [_record(1, b"before")])
+        assert first.outcomes == [SentRecord(1, 0)]
+        # The coordinator fences the id while this process is stopped ...
+        await gateway.fence_producer(transactional_id)
+        # ... and the commit it was making answers only after its timeout, as a commit
+        # begun just before a pause does once the process runs again.
+        producer = writer._producer
+        commit = producer.commit_transaction
+
+        async def commit_after_the_pause() -> None:
+            await asyncio.sleep(4.0)
+            await commit()
+
+        producer.commit_transaction = commit_after_the_pause
+        [in_doubt] = (await writer.write(topic, [_record(1, b"in doubt")])).outcomes
+        assert isinstance(in_doubt, SendFailed), in_doubt
+        # Queued while the doubt is being settled: the id is re-initialised meanwhile.
+        [after] = (await writer.write(topic, [_record(1, b"after")])).outcomes
+        assert isinstance(after, SendFailed), after
+        assert (after.maybe_appended, after.retriable) == (False, True)
+        assert (writer.fenced, retired) == (True, ["retired"])
+        [later] = (await writer.write(topic, [_record(1, b"later")])).outcomes
+        assert isinstance(later, SendFailed)
+    finally:
+        await writer.stop()
+    assert await _read_committed(cluster, topic, 1) == [b"before"]
+
+
 async def test_the_fence_aborts_an_open_transaction_and_the_stable_offset_passes_it(
     cluster: ClusterEndpoints, gateway: KafkaGateway
 ) -> None:
