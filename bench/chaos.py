@@ -57,6 +57,8 @@ async def run(config: ChaosConfig) -> tuple[ChaosOutcome, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # ChaosConfig has slots: its defaults are read from an instance, not the class.
+    defaults = ChaosConfig(seed=0, load_s=0.0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--minutes", type=float, default=5.0, help="length of the load phase")
     parser.add_argument("--seed", type=int, default=11, help="seed of the schedule")
@@ -72,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--request-timeout-ms",
         type=int,
-        default=ChaosConfig.request_timeout_ms,
+        default=defaults.request_timeout_ms,
         help="kafka.request_timeout_ms",
     )
     parser.add_argument(
@@ -80,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         type=float,
         nargs=2,
         metavar=("MIN", "MAX"),
-        default=ChaosConfig.change_every_s,
+        default=defaults.change_every_s,
         help="seconds between two changes, drawn in [MIN, MAX] (default: %(default)s)",
     )
     args = parser.parse_args(argv)
