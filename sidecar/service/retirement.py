@@ -6,9 +6,15 @@ decides from its log start and end, the consumer groups' committed offsets and i
 delete-after time:
 
 * empty (log start = log end): removed;
-* consumed to its end by every consumer group registered with the sidecars:
-  truncated with DeleteRecords, then removed;
+* consumed to its end by every consumer group registered with the sidecars, each of
+  which has also acknowledged every ``keys_revoked`` of it: truncated with
+  DeleteRecords, then removed;
 * past its delete-after time: removed (its data stays in Kafka, unread).
+
+Why the acknowledgements: a removed partition is assigned to nobody, so a keys_revoked
+of it still unacknowledged would be told by nobody, and the gate counts a removed source
+as met: the destination's records would be released before the app flushed the keys'
+state (or the revocation told late, after a later expansion brings the partition back).
 
 Choice where the design is silent: with *no* registered consumer group nothing is
 truncated (only emptiness or the delete-after delay retire a partition), because
@@ -30,6 +36,7 @@ from sidecar.core.generations import (
     partitions_in_mode,
     retirement_action,
 )
+from sidecar.core.handoff import revocations_due
 from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
@@ -61,6 +68,7 @@ class Retirer:
         ends = await self.kafka.end_offsets(topic, count)
         groups = await self.store.known_groups()
         committed = [await self.kafka.committed_offsets(g, topic, count) for g in groups]
+        acknowledged = [await self.store.acknowledged_revocations(g, topic) for g in groups]
         now = time.time()
         decisions: dict[int, RetirementAction] = {}
         for partition in read_only:
@@ -68,7 +76,9 @@ class Retirer:
                 state.delete_after[partition] if partition < len(state.delete_after) else None
             )
             consumed = bool(groups) and all(
-                offsets.get(partition, -1) >= ends[partition] for offsets in committed
+                offsets.get(partition, -1) >= ends[partition]
+                and not revocations_due(state.log, partition, ends[partition], acked)
+                for offsets, acked in zip(committed, acknowledged, strict=True)
             )
             view = RetirementView(starts[partition], ends[partition], consumed, delete_after)
             decisions[partition] = retirement_action(view, now)
