@@ -36,6 +36,13 @@ class BadRequest(SidecarError):
     default_message = "malformed request"
 
 
+class InvalidName(BadRequest):
+    """A topic, group, instance or sidecar name that cannot be used (``core.names``)."""
+
+    error_code = 40003
+    default_message = "invalid name"
+
+
 class InvalidRecord(SidecarError):
     """A record is well-formed JSON but unusable (bad base64, missing value, ...)."""
 

@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sidecar.config import Settings
+from sidecar.core import names
 from sidecar.core.errors import (
     AdminDisabled,
     BadRequest,
@@ -37,6 +38,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.procedures import OperationKind, Phase
 from sidecar.core.serialization import operation_to_json
+from sidecar.http.edge import path_names_middleware
 from sidecar.http.error_map import errors_middleware
 from sidecar.http.produce_codec import (
     V2_RESPONSE_CONTENT_TYPE,
@@ -67,7 +69,8 @@ def build_app(
     metrics: SidecarMetrics,
 ) -> web.Application:
     app = web.Application(
-        middlewares=[errors_middleware],
+        # Errors first, so that a name the second refuses is answered like any error.
+        middlewares=[errors_middleware, path_names_middleware],
         # The codec enforces the configured limit with a clear message; aiohttp's own
         # limit only has to be above it.
         client_max_size=settings.http.max_body_bytes + 1024,
@@ -259,7 +262,7 @@ async def admin_create(request: web.Request) -> web.Response:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
         raise BadRequest("configs must map config names to string values")
     create = CreateTopic(
-        name=_field(document, "name", str),
+        name=names.topic_name(_field(document, "name", str), "name"),
         partitions=_field(document, "partitions", int),
         replication_factor=_field(document, "replication_factor", int, 3),
         compacted=_field(document, "compacted", bool, False),

@@ -43,8 +43,9 @@ Where REST Proxy is lenient or silent, this codec chooses:
   or a JSON boolean; ``auto.offset.reset`` is matched without case, as Kafka does.
 * The deprecated aliases the proxy still reads (``id`` for ``name``, ``responseMinBytes``,
   ``requestWaitMs``) are accepted; an alias and its field with different values are refused.
-* An instance name must be 1-255 URL-unreserved characters (``A-Za-z0-9-._~``), not
-  ``.`` or ``..``: it is a URL path segment, and such a name reads the same in every client.
+* Topic and instance names follow ``sidecar.core.names`` (an instance name: 1-255
+  URL-unreserved characters, not ``.`` or ``..``): a name that reads the same in every
+  client, and that the sidecar can store.
 * Commits name the offset of the last *processed* record and Kafka stores ``offset + 1``
   (``OffsetToCommit.next_offset``), exactly as REST Proxy v2; ``GET offsets`` answers
   Kafka's stored offset (the next to read), as the proxy does. No body, an empty body,
@@ -105,6 +106,7 @@ from enum import StrEnum
 from typing import Final, NoReturn, Protocol, TypeAlias, TypedDict, TypeVar
 from urllib.parse import quote, urlsplit
 
+from sidecar.core import names
 from sidecar.core.errors import (
     BadRequest,
     InvalidConsumerConfig,
@@ -125,7 +127,7 @@ from sidecar.http.produce_codec import (
 
 MAX_OFFSET: Final = 2**63 - 1
 """Kafka offsets are int64."""
-MAX_INSTANCE_NAME_LENGTH: Final = 255
+MAX_INSTANCE_NAME_LENGTH: Final = names.MAX_INSTANCE_NAME_LENGTH
 MAX_FETCH_MIN_BYTES: Final = 10_000_000
 """REST Proxy's own bound for ``fetch.min.bytes``."""
 MAX_REQUEST_TIMEOUT_MS: Final = 2**31 - 1
@@ -160,9 +162,6 @@ _PARTITION_FIELDS: Final = frozenset({"topic", "partition"})
 _OFFSET_FIELDS: Final = frozenset({"topic", "partition", "offset", "metadata"})
 _TIMESTAMP_FIELDS: Final = frozenset({"topic", "partition", "timestamp", "metadata"})
 
-# Kafka's own rule (Topic.java): legal characters, at most 249 of them, not "." or "..".
-_TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-_INSTANCE_NAME: Final = re.compile(rf"[A-Za-z0-9._~-]{{1,{MAX_INSTANCE_NAME_LENGTH}}}")
 _VISIBLE_ASCII: Final = re.compile(r"[\x21-\x7e]+")
 _SIGNED_DECIMAL: Final = re.compile(r"-?[0-9]{1,19}")
 _MIN_INT64: Final = -(2**63)
@@ -465,12 +464,9 @@ def _resolve_aliases(document: Mapping[str, object]) -> dict[str, object]:
 def _decode_instance_name(raw: object) -> str | None:
     if raw is None:
         return None
-    if not isinstance(raw, str) or _INSTANCE_NAME.fullmatch(raw) is None or raw in (".", ".."):
-        raise BadRequest(
-            f"name must be 1 to {MAX_INSTANCE_NAME_LENGTH} of A-Z a-z 0-9 - . _ ~ "
-            f"(not '.' or '..'), got {raw!r}"
-        )
-    return raw
+    if not isinstance(raw, str):
+        raise BadRequest(f"name must be a string, got {_json_type(raw)}")
+    return names.instance_name(raw, "name")
 
 
 def _decode_format(raw: object) -> EmbeddedFormat:
@@ -1082,13 +1078,11 @@ def _optional_list(document: Mapping[str, object], field: str) -> list[object] |
 def _decode_topic(raw: object, where: str) -> str:
     if not isinstance(raw, str):
         raise BadRequest(
-            f"{where} is missing" if raw is None else f"{where} must be a string, got {raw!r}"
+            f"{where} is missing"
+            if raw is None
+            else f"{where} must be a string, got {_json_type(raw)}"
         )
-    if _TOPIC_NAME.fullmatch(raw) is None or raw in (".", ".."):
-        raise BadRequest(
-            f"{where} {raw!r} is not a topic name: use 1-249 of a-z A-Z 0-9 . _ - (not '.' or '..')"
-        )
-    return raw
+    return names.topic_name(raw, where)
 
 
 def _required_int(entry: Mapping[str, object], field: str, where: str, low: int, high: int) -> int:

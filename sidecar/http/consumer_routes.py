@@ -7,13 +7,12 @@ REST Proxy serializes them: a commit waits for a long poll of the same instance.
 
 from __future__ import annotations
 
-import re
 from typing import Final
 
 from aiohttp import web
 from aiokafka import TopicPartition
 
-from sidecar.core.errors import BadRequest, SidecarError
+from sidecar.core.errors import SidecarError
 from sidecar.http.consumer_codec import (
     AssignmentNotice,
     CommittedOffset,
@@ -52,8 +51,6 @@ CONSUMERS_KEY: Final = web.AppKey("consumers", Consumers)
 DEFAULT_POLL_TIMEOUT_MS: Final = 1000
 """REST Proxy's ``consumer.request.timeout.ms`` default; an instance may set its own."""
 MAX_POLL_BYTES: Final = 64 * 1024 * 1024
-# Group names become a ZooKeeper path segment: Kafka's topic characters only.
-_GROUP_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 def add_routes(app: web.Application, consumers: Consumers) -> None:
@@ -86,9 +83,7 @@ def _instance(request: web.Request) -> ConsumerInstance:
 
 
 async def create(request: web.Request) -> web.Response:
-    group = request.match_info["group"]
-    if not _GROUP_NAME.fullmatch(group):
-        raise BadRequest(f"invalid group name {group!r}: use 1-249 of a-z A-Z 0-9 . _ -")
+    group = request.match_info["group"]  # checked by the path names middleware
     decoded = decode_create_consumer(
         await request.read(), content_type=request.headers.get("Content-Type")
     )

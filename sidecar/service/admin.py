@@ -7,7 +7,6 @@ nothing is half-managed, because only the ZooKeeper record makes a topic managed
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from sidecar.adapters.kafka import KafkaGateway, TopicExists
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
+from sidecar.core import names
 from sidecar.core.errors import BadRequest, InvalidPartitionCount, TopicAlreadyManaged, UnknownTopic
 from sidecar.core.generations import GenerationLog, PartitionMode
 from sidecar.core.procedures import MAX_PARTITION_COUNT
@@ -30,9 +30,6 @@ from sidecar.core.serialization import (
 from sidecar.core.topics import TopicConfig, TopicState
 from sidecar.metrics import SidecarMetrics
 
-# Kafka's own rule (Topic.java): legal characters, at most 249 of them, not "." or "..".
-_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-
 
 @dataclass(frozen=True)
 class CreateTopic:
@@ -43,13 +40,6 @@ class CreateTopic:
     ordered_delivery: bool = True
     configs: Mapping[str, str] = field(default_factory=dict)
     """Kafka topic configs passed through (e.g. segment.ms), as REST Proxy v3 allows."""
-
-
-def validate_topic_name(name: str) -> None:
-    if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
-        raise BadRequest(
-            f"invalid topic name {name!r}: use 1-249 of a-z A-Z 0-9 . _ - (not '.' or '..')"
-        )
 
 
 class TopicAdmin:
@@ -71,7 +61,7 @@ class TopicAdmin:
         Raises BadRequest (name, replication factor), InvalidPartitionCount,
         TopicAlreadyManaged (managed already, or existing in Kafka: adopt it instead).
         """
-        validate_topic_name(request.name)
+        names.topic_name(request.name, "name")
         if not 1 <= request.partitions <= MAX_PARTITION_COUNT:
             raise InvalidPartitionCount(
                 f"partitions must be between 1 and {MAX_PARTITION_COUNT}, got {request.partitions}"
@@ -112,7 +102,7 @@ class TopicAdmin:
         No key moves: Kafka's default partitioner is linear hashing with ``U == N``.
         Raises UnknownTopic, TopicAlreadyManaged.
         """
-        validate_topic_name(name)
+        names.topic_name(name)
         await self._refuse_managed(name)
         count = await self.kafka.partition_count(name)
         config = TopicConfig(name, count, 0, compacted, ordered_delivery)

@@ -148,7 +148,7 @@ async def test_admin_api_is_token_protected(cluster: ClusterEndpoints) -> None:
         status, body = await sidecar.admin(
             "POST", "/admin/topics", {"name": "a/b", "partitions": 1}
         )
-        assert (status, body["error_code"]) == (400, 40001)
+        assert (status, body["error_code"]) == (400, 40003)
         status, body = await sidecar.admin("POST", "/admin/topics", {"name": "ok", "partitions": 0})
         assert (status, body["error_code"]) == (422, 42210)
         status, body = await sidecar.admin("GET", f"/admin/topics/{unique('none')}")
