@@ -26,6 +26,10 @@ in the shapes of ``sidecar.core.serialization``::
                                              the group's app acknowledged keys_revoked of
                                              partition q of t for change g (written once)
 
+Every path is built from names checked again here (``sidecar.core.names``), although
+the HTTP layer checks them first: a name that reaches this adapter unchecked is refused
+with InvalidName, never turned into a path.
+
 A commit changes the generation log, the current generation, the modes, the pending
 barrier and the journal in one multi-op transaction, so a reader never sees half of it.
 
@@ -67,6 +71,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import DataWatch
 
+from sidecar.core import names as _names
 from sidecar.core.errors import (
     ChangeTakenOver,
     MetadataUnavailable,
@@ -228,14 +233,18 @@ class MetadataStore:
         """Register a live sidecar (ephemeral; re-created after an expired session) and,
         with ``transactional_id``, the producer it writes with (persistent, until fenced
         or retired), in one transaction. Registering again replaces the info."""
-        data = _encode(info | {"transactional_id": transactional_id})
-        self._registrations[sidecar_id] = (data, transactional_id)
+        self.prepare_registration(sidecar_id, info, transactional_id)
+        data, _ = self._registrations[sidecar_id]
         await self._run(self._register, sidecar_id, data, transactional_id)
 
     def prepare_registration(
         self, sidecar_id: str, info: dict[str, Any], transactional_id: TransactionalId | None
     ) -> None:
         """What to register for ``sidecar_id`` once a new session is up (no IO now)."""
+        # Refused now, not at every re-registration after a new session.
+        self._sidecar_path(sidecar_id)
+        if transactional_id is not None:
+            self._producer_path(transactional_id)
         data = _encode(info | {"transactional_id": transactional_id})
         self._registrations[sidecar_id] = (data, transactional_id)
 
@@ -276,7 +285,9 @@ class MetadataStore:
     def _live_producers(self) -> frozenset[TransactionalId]:
         owned: set[TransactionalId] = set()
         for child in self._client.get_children(f"{self._root}/sidecars"):
-            raw = self._get_json(self._sidecar_path(child))
+            # A listed child is a node already: read it whatever rule named it, as a
+            # registration a live sidecar made before ids were checked must count.
+            raw = self._get_json(f"{self._root}/sidecars/{child}")
             if isinstance(raw, dict) and isinstance(raw.get("transactional_id"), str):
                 owned.add(TransactionalId(raw["transactional_id"]))
         return frozenset(owned)
@@ -300,7 +311,7 @@ class MetadataStore:
 
     async def register_group(self, group: str) -> None:
         """Record that ``group`` consumes through the sidecars (persistent, idempotent)."""
-        await self._run(self._client.ensure_path, f"{self._root}/groups/{group}")
+        await self._run(self._client.ensure_path, self._group_path(group))
 
     async def add_wait(
         self, group: str, topic: str, source: int, boundary: int, instance: str
@@ -311,15 +322,15 @@ class MetadataStore:
         await self._run(self._add_wait, group, _wait_name(topic, source, boundary, instance))
 
     def _add_wait(self, group: str, name: str) -> None:
-        self._client.ensure_path(f"{self._root}/groups/{group}/waits")
+        self._client.ensure_path(f"{self._group_path(group)}/waits")
         with suppress(NodeExistsError):
-            self._client.create(f"{self._root}/groups/{group}/waits/{name}", b"", ephemeral=True)
+            self._client.create(f"{self._group_path(group)}/waits/{name}", b"", ephemeral=True)
 
     async def remove_wait(
         self, group: str, topic: str, source: int, boundary: int, instance: str
     ) -> None:
         name = _wait_name(topic, source, boundary, instance)
-        path = f"{self._root}/groups/{group}/waits/{name}"
+        path = f"{self._group_path(group)}/waits/{name}"
         with suppress(NoNodeError):
             await self._run(self._client.delete, path)
 
@@ -327,7 +338,7 @@ class MetadataStore:
         """Per source partition of ``topic``, the highest boundary someone in ``group``
         waits for."""
         try:
-            names = await self._run(self._client.get_children, f"{self._root}/groups/{group}/waits")
+            names = await self._run(self._client.get_children, f"{self._group_path(group)}/waits")
         except NoNodeError:
             return {}
         highest: dict[int, int] = {}
@@ -344,16 +355,15 @@ class MetadataStore:
         """Record that ``group``'s app acknowledged keys_revoked of ``partition`` for change
         ``generation`` (persistent, idempotent): the gate of the keys' new partition waits
         for it, whichever sidecar it consults."""
-        path = f"{self._root}/groups/{group}/revoked/{topic}:{partition}:{generation}"
+        name = f"{_names.topic_name(topic)}:{partition}:{generation}"
+        path = f"{self._revoked_path(group)}/{name}"
         await self._run(self._client.ensure_path, path)
 
     async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
         """``(partition, generation)`` of every keys_revoked of ``topic`` that ``group``
         acknowledged."""
         try:
-            names = await self._run(
-                self._client.get_children, f"{self._root}/groups/{group}/revoked"
-            )
+            names = await self._run(self._client.get_children, self._revoked_path(group))
         except NoNodeError:
             return set()
         acknowledged = set()
@@ -478,6 +488,7 @@ class MetadataStore:
     async def _locked(
         self, topic: str, owner: str, wait_s: float, purpose: str
     ) -> AsyncIterator[None]:
+        self._lock_path(topic)  # InvalidName before any attempt
         deadline = time.monotonic() + wait_s
         data = _encode({"owner": owner, "purpose": purpose, "acquired_at": time.time()})
         while True:
@@ -550,11 +561,12 @@ class MetadataStore:
         released = []
         session = self._client.client_id[0]
         for topic in self._client.get_children(f"{self._root}/locks"):
-            stat = self._client.exists(self._lock_path(topic))
+            path = f"{self._root}/locks/{topic}"  # listed: a node already
+            stat = self._client.exists(path)
             if stat is None or stat.ephemeralOwner != session or topic in self._held_locks:
                 continue
             with suppress(NoNodeError, BadVersionError):
-                self._client.delete(self._lock_path(topic), version=stat.version)
+                self._client.delete(path, version=stat.version)
                 released.append(topic)
                 log.warning("released a leftover change lock of %s", topic)
         return released
@@ -665,7 +677,7 @@ class MetadataStore:
     def _ack_barrier(
         self, topic: str, generation: int, sidecar_id: str, acked: Mapping[int, int]
     ) -> None:
-        path = f"{self._barrier_path(topic, generation)}/{sidecar_id}"
+        path = f"{self._barrier_path(topic, generation)}/{_names.sidecar_id(sidecar_id)}"
         data = _encode({"acked": {str(p): offset for p, offset in acked.items()}})
         try:
             self._client.create(path, data)
@@ -817,25 +829,31 @@ class MetadataStore:
             return None
 
     def _sidecar_path(self, sidecar_id: str) -> str:
-        return f"{self._root}/sidecars/{sidecar_id}"
+        return f"{self._root}/sidecars/{_names.sidecar_id(sidecar_id)}"
 
     def _topic_path(self, topic: str) -> str:
-        return f"{self._root}/topics/{topic}"
+        return f"{self._root}/topics/{_names.topic_name(topic)}"
 
     def _generation_path(self, topic: str, number: int) -> str:
-        return f"{self._root}/topics/{topic}/generations/{number:010d}"
+        return f"{self._topic_path(topic)}/generations/{number:010d}"
 
     def _barrier_path(self, topic: str, number: int) -> str:
-        return f"{self._root}/topics/{topic}/barrier/{number}"
+        return f"{self._topic_path(topic)}/barrier/{number}"
 
     def _ops_path(self, topic: str) -> str:
-        return f"{self._root}/ops/{topic}"
+        return f"{self._root}/ops/{_names.topic_name(topic)}"
+
+    def _group_path(self, group: str) -> str:
+        return f"{self._root}/groups/{_names.group_name(group)}"
 
     def _lock_path(self, topic: str) -> str:
-        return f"{self._root}/locks/{topic}"
+        return f"{self._root}/locks/{_names.topic_name(topic)}"
 
     def _producer_path(self, transactional_id: str) -> str:
-        return f"{self._root}/producers/{transactional_id}"
+        return f"{self._root}/producers/{_names.node_name(transactional_id, 'transactional id')}"
+
+    def _revoked_path(self, group: str) -> str:
+        return f"{self._group_path(group)}/revoked"
 
 
 def _lock_holder(raw: bytes, stat: Any) -> LockHolder:
@@ -891,4 +909,5 @@ def _delete_after_from_json(raw: Any) -> tuple[float | None, ...]:
 
 
 def _wait_name(topic: str, source: int, boundary: int, instance: str) -> str:
-    return f"{topic}:{source}:{boundary}:{instance}"
+    checked = _names.topic_name(topic), _names.node_name(instance, "waiting instance")
+    return f"{checked[0]}:{source}:{boundary}:{checked[1]}"

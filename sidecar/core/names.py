@@ -43,16 +43,19 @@ MAX_TOPIC_NAME_LENGTH: Final = 249
 MAX_GROUP_NAME_LENGTH: Final = 249
 MAX_INSTANCE_NAME_LENGTH: Final = 255
 MAX_SIDECAR_ID_LENGTH: Final = 200
+MAX_NODE_NAME_LENGTH: Final = 1024
 
 TOPIC_NAME_PATTERN: Final = rf"[A-Za-z0-9._-]{{1,{MAX_TOPIC_NAME_LENGTH}}}"
 GROUP_NAME_PATTERN: Final = rf"[A-Za-z0-9._~-]{{1,{MAX_GROUP_NAME_LENGTH}}}"
 INSTANCE_NAME_PATTERN: Final = rf"[A-Za-z0-9._~-]{{1,{MAX_INSTANCE_NAME_LENGTH}}}"
 SIDECAR_ID_PATTERN: Final = rf"[A-Za-z0-9._-]{{1,{MAX_SIDECAR_ID_LENGTH}}}"
+NODE_NAME_PATTERN: Final = rf"[A-Za-z0-9._~-]{{1,{MAX_NODE_NAME_LENGTH}}}"
 
 _TOPIC: Final = re.compile(TOPIC_NAME_PATTERN)
 _GROUP: Final = re.compile(GROUP_NAME_PATTERN)
 _INSTANCE: Final = re.compile(INSTANCE_NAME_PATTERN)
 _SIDECAR_ID: Final = re.compile(SIDECAR_ID_PATTERN)
+_NODE_NAME: Final = re.compile(NODE_NAME_PATTERN)
 _PATH_STEPS: Final = frozenset({".", ".."})
 _SHOWN: Final = 80
 """How much of a refused name an error message repeats (a name may be megabytes)."""
@@ -104,6 +107,15 @@ def sidecar_id(raw: object, where: str = "sidecar id") -> str:
             f"{where} {_shown(raw)} is not a sidecar id: use 1 to {MAX_SIDECAR_ID_LENGTH} "
             "of A-Z a-z 0-9 . _ - (not '.' or '..')"
         )
+    assert isinstance(raw, str)
+    return raw
+
+
+def node_name(raw: object, where: str) -> str:
+    """``raw`` if it is made of name characters only, as a name the sidecar composes from
+    checked names is (e.g. ``<sidecar id>-<instance>``); raises InvalidName."""
+    if not _matches(_NODE_NAME, raw):
+        raise InvalidName(f"{where} {_shown(raw)} cannot name a ZooKeeper node")
     assert isinstance(raw, str)
     return raw
 

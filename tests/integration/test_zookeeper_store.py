@@ -14,13 +14,21 @@ from kazoo.client import KazooClient
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.errors import (
     ChangeTakenOver,
+    InvalidName,
     MetadataUnavailable,
     OperationInProgress,
     TopicAlreadyManaged,
     UnknownTopic,
 )
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode, modes_after_commit
-from sidecar.core.procedures import Operation, OperationKind, Phase, SessionState, SidecarId
+from sidecar.core.procedures import (
+    Operation,
+    OperationKind,
+    Phase,
+    SessionState,
+    SidecarId,
+    TransactionalId,
+)
 from sidecar.core.topics import PendingBarrier, TopicConfig
 from sidecar.devcluster.provider import ClusterEndpoints
 from tests.support.waiting import eventually
@@ -136,6 +144,47 @@ async def test_unknown_topic(store: MetadataStore) -> None:
     with pytest.raises(UnknownTopic):
         await store.set_partitions("missing", (RW,), (None,))
     assert await store.read_operation("missing") is None
+
+
+async def test_no_path_is_built_from_a_name_that_is_not_valid(
+    cluster: ClusterEndpoints, root: str, store: MetadataStore
+) -> None:
+    bad_topic, bad_group = "../../escaped", "a/b"
+    log = GenerationLog.start(1)
+    attempts = [
+        store.create_topic(TopicConfig(bad_topic, 1, 1), log.current, (RW,)),
+        store.read_topic(bad_topic),
+        store.read_operation(bad_topic),
+        store.save_operation(_operation(bad_topic)),
+        store.publish_barrier(bad_topic, PendingBarrier(1, 2)),
+        store.ack_barrier("orders", 1, "../sidecar", {}),
+        store.register_sidecar("..", {}),
+        store.register_sidecar("s", {}, TransactionalId("a/b")),
+        store.register_group(bad_group),
+        store.add_wait(bad_group, "orders", 0, 5, "i"),
+        store.add_wait("g", bad_topic, 0, 5, "i"),
+        store.add_wait("g", "orders", 0, 5, "i:j"),
+        store.waits(bad_group, "orders"),
+        store.acknowledge_revocation(bad_group, "orders", 0, 1),
+        store.acknowledge_revocation("g", bad_topic, 0, 1),
+        store.acknowledged_revocations(bad_group, "orders"),
+        store.lock_holder(bad_topic),
+    ]
+    for attempt in attempts:
+        with pytest.raises(InvalidName):
+            await attempt
+    with pytest.raises(InvalidName):
+        async with store.lock(bad_topic, "me", 1.0):
+            pass
+    # Nothing was created anywhere, under the root or above it.
+    kazoo = KazooClient(hosts=cluster.zookeeper_hosts)
+    await asyncio.to_thread(kazoo.start)
+    try:
+        for parent in ("topics", "ops", "locks", "groups", "sidecars", "producers"):
+            assert await asyncio.to_thread(kazoo.get_children, f"{root}/{parent}") == []
+        assert await asyncio.to_thread(kazoo.exists, "/escaped") is None
+    finally:
+        await asyncio.to_thread(kazoo.stop)
 
 
 async def test_set_partitions(store: MetadataStore) -> None:
