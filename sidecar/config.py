@@ -20,7 +20,6 @@ Example file::
 from __future__ import annotations
 
 import os
-import re
 import socket
 import tomllib
 import uuid
@@ -29,8 +28,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from sidecar.core import names
+from sidecar.core.errors import InvalidName
+
 ENV_PREFIX = "ORDERED_SIDECAR__"
-_SIDECAR_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
 
@@ -126,11 +127,16 @@ class Settings:
 
         Raises ConfigError naming the settings involved.
         """
-        if not _SIDECAR_ID.fullmatch(self.sidecar_id):
+        try:
+            # Both are part of ZooKeeper node names (registration, barrier acks, the
+            # producer registry) and of Kafka transactional ids: refused at start, not
+            # at registration.
+            names.sidecar_id(self.sidecar_id, "sidecar_id")
+            names.node_name(self.kafka.client_id, "kafka.client_id")
+        except InvalidName as exc:
             raise ConfigError(
-                f"sidecar_id {self.sidecar_id!r} must be 1-200 of a-z A-Z 0-9 . _ - "
-                "(it names ZooKeeper nodes and Kafka transactional ids)"
-            )
+                f"{exc.message} (it is part of ZooKeeper node names and Kafka transactional ids)"
+            ) from exc
         session_ms = self.zookeeper.session_timeout_s * 1000
         send_ms = self.kafka.request_timeout_ms + self.kafka.replication_margin_ms
         if session_ms <= send_ms:

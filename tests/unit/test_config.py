@@ -52,6 +52,8 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     ("text", "environ", "message"),
     [
         ("[nope]\nx = 1\n", {}, "unknown configuration section 'nope'"),
+        ('sidecar_id = "a/b"\n', {}, "'a/b' is not a sidecar id"),
+        ("", {"ORDERED_SIDECAR__SIDECAR_ID": "host:1"}, "'host:1' is not a sidecar id"),
         ("[http]\nprot = 1\n", {}, "unknown setting http.prot"),
         ("[http]\nport = 1.5\n", {}, "http.port must be a int"),
         ("[http]\nport = true\n", {}, "http.port must be a int"),
@@ -84,6 +86,8 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             "kafka.transaction_timeout_ms (5000) must exceed kafka.request_timeout_ms",
         ),
         ('sidecar_id = "a/b"\n', {}, "sidecar_id"),
+        ('sidecar_id = "a~b"\n', {}, "'a~b' is not a sidecar id"),
+        ('[kafka]\nclient_id = "my app"\n', {}, "kafka.client_id 'my app' cannot name"),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_named(
