@@ -56,7 +56,7 @@ from sidecar.core.procedures import (
     resume,
     step,
 )
-from sidecar.core.topics import PendingBarrier
+from sidecar.core.topics import PendingBarrier, TopicState
 from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
@@ -113,6 +113,10 @@ class ChangeRunner:
         Raises UnknownTopic, InvalidPartitionCount, OperationInProgress (another
         change holds the topic), MetadataUnavailable / KafkaUnavailable.
         """
+        # Read before the lock: taking it creates the lock's node, which must not happen
+        # for a topic that is not managed (UnknownTopic) nor for a validate-only request,
+        # which writes nothing at all.
+        state = await self.store.read_topic(request.topic)
         stored = await self.store.read_operation(request.topic)
         if stored is not None and stored.phase not in FINAL_PHASES:
             holder = await self.store.lock_holder(request.topic)
@@ -122,6 +126,9 @@ class ChangeRunner:
                     f"{stored.target_count} partitions ({stored.phase.value}); the lock is "
                     f"held by {holder.owner}"
                 )
+        if request.validate_only:
+            operation, _, _ = self._plan(request, state)
+            return operation
         async with self.store.lock(request.topic, self.sidecar_id, LOCK_TIMEOUT_S):
             # A change left unfinished (its coordinator died or lost the lock) comes first.
             stored = await self.store.take_over_operation(request.topic)
@@ -129,22 +136,7 @@ class ChangeRunner:
                 await self._drive(stored, on_progress)
                 stored = await self.store.take_over_operation(request.topic)
             state = await self.store.read_topic(request.topic)
-            current = state.current.undeleted_count
-            grows = request.target_count > current
-            kind = request.kind or (OperationKind.EXPAND if grows else OperationKind.SHRINK)
-            operation, actions = plan_change(
-                kind=kind,
-                log=state.log,
-                physical_count=len(state.modes),
-                topic=request.topic,
-                target_count=request.target_count,
-                coordinator=self.sidecar_id,
-                now=time.time(),
-                barrier_timeout=self.barrier_timeout_s,
-                delete_after_seconds=request.delete_after_seconds,
-            )
-            if request.validate_only:
-                return operation
+            operation, actions, kind = self._plan(request, state)
             result = await self._drive(operation, on_progress, actions)
         outcome = "done" if result.phase is Phase.DONE else "rolled_back"
         self.metrics.admin_operations.labels(kind.value, outcome).inc()
@@ -159,6 +151,27 @@ class ChangeRunner:
                 )
             )
         return result
+
+    def _plan(
+        self, request: ChangeRequest, state: TopicState
+    ) -> tuple[Operation, list[Action], OperationKind]:
+        """The operation ``request`` starts from ``state``, its first actions and its kind.
+
+        Raises InvalidPartitionCount for a target the change cannot reach."""
+        grows = request.target_count > state.current.undeleted_count
+        kind = request.kind or (OperationKind.EXPAND if grows else OperationKind.SHRINK)
+        operation, actions = plan_change(
+            kind=kind,
+            log=state.log,
+            physical_count=len(state.modes),
+            topic=request.topic,
+            target_count=request.target_count,
+            coordinator=self.sidecar_id,
+            now=time.time(),
+            barrier_timeout=self.barrier_timeout_s,
+            delete_after_seconds=request.delete_after_seconds,
+        )
+        return operation, actions, kind
 
     def _audit_phase(self, operation: Operation) -> None:
         if self.audit is None:

@@ -13,6 +13,7 @@ import json
 import time
 
 import pytest
+from kazoo.client import KazooClient
 
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
 from sidecar.core.routing import partition_for_key
@@ -119,6 +120,45 @@ async def test_validate_only_and_invalid_counts_change_nothing(cluster: ClusterE
         assert description["generation"] == 0
         assert description["physical_count"] == 4
         assert description["operation"] is None
+
+
+def _znodes(hosts: str, root: str) -> set[str]:
+    """Every node under ``root`` but the sidecars' ephemeral registrations."""
+    client = KazooClient(hosts=hosts)
+    client.start()
+    try:
+        found, pending = set(), [root]
+        while pending:
+            path = pending.pop()
+            found.add(path)
+            if path != f"{root}/sidecars":
+                pending += [f"{path}/{child}" for child in client.get_children(path)]
+        return found
+    finally:
+        client.stop()
+        client.close()
+
+
+async def test_validate_only_and_refused_changes_create_no_znode(
+    cluster: ClusterEndpoints,
+) -> None:
+    topic = unique("validate-znodes")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        root = sidecar.server.settings.zookeeper.root
+        before = await asyncio.to_thread(_znodes, cluster.zookeeper_hosts, root)
+        requests = [
+            (topic, {"count": 3, "validate_only": True}, 200),
+            (topic, {"count": 1, "validate_only": True}, 422),
+            (unique("unmanaged"), {"count": 3, "validate_only": True}, 404),
+            (unique("unmanaged"), {"count": 3}, 404),
+            ("..%2F..%2Fescaped", {"count": 3, "validate_only": True}, 400),
+        ]
+        for name, body, status in requests:
+            answer = await sidecar.admin("POST", f"/admin/topics/{name}/partition-count", body)
+            assert answer[0] == status, (name, answer)
+        after = await asyncio.to_thread(_znodes, cluster.zookeeper_hosts, root)
+    assert sorted(after - before) == []
 
 
 @pytest.mark.parametrize("coordinator", ["dead", "live without the lock"])
