@@ -4,11 +4,27 @@ A registry per instance (not the global default) lets tests run several sidecars
 one process and read each one's counters. Names follow Prometheus conventions:
 ``_total`` counters, ``_seconds`` and ``_bytes`` units, labels of low cardinality
 (topic, outcome, kind, phase), never keys or offsets.
+
+Label cardinality is bounded by design, as Karapace normalises request paths: a topic
+label is the name only of a topic the sidecar knows exists (a managed topic, or one
+Kafka confirmed by serving a request for it), at most ``MAX_TOPIC_LABELS`` of them;
+any other topic named in a request counts under ``UNKNOWN_TOPIC`` (and known topics
+past the bound under ``OTHER_TOPIC``). So no request, however many topic names it
+invents, adds a series.
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+UNKNOWN_TOPIC: Final = "_unknown"
+"""The topic label of requests for topics not known to exist (no such topic, invalid
+name, or a request refused before the topic was looked up)."""
+OTHER_TOPIC: Final = "_other"
+"""The topic label of known topics beyond ``MAX_TOPIC_LABELS``."""
+MAX_TOPIC_LABELS: Final = 1000
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -17,6 +33,7 @@ _HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 class SidecarMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._topic_labels: set[str] = set()
         r = self.registry
         self.produce_requests = Counter(
             "sidecar_produce_requests_total",
@@ -186,3 +203,19 @@ class SidecarMetrics:
             "1 while the ZooKeeper session is connected, else 0 (managed produces hold).",
             registry=r,
         )
+
+    def topic_label(self, topic: str, *, exists: bool) -> str:
+        """The label to count a request for ``topic`` under.
+
+        ``exists`` says whether the caller knows the topic exists (it is managed, or
+        Kafka just served it). A topic once labelled keeps its label; one not known to
+        exist is ``UNKNOWN_TOPIC``; past ``MAX_TOPIC_LABELS`` names, ``OTHER_TOPIC``.
+        """
+        if topic in self._topic_labels:
+            return topic
+        if not exists:
+            return UNKNOWN_TOPIC
+        if len(self._topic_labels) >= MAX_TOPIC_LABELS:
+            return OTHER_TOPIC
+        self._topic_labels.add(topic)
+        return topic

@@ -134,6 +134,7 @@ async def produce(request: web.Request) -> web.Response:
     body = await request.read()
     began = time.monotonic()
     outcome_label = "error"
+    served = False
     try:
         decoded = decode_produce_request(
             body,
@@ -150,20 +151,24 @@ async def produce(request: web.Request) -> web.Response:
         else:
             scope = (topic, str(partition), decoded.idempotency_key)
             outcome = await app[IDEMPOTENCY_KEY].run(scope, body, run)
+        served = True  # the topic exists: it is managed, or Kafka served it
         written = sum(1 for r in outcome.results if hasattr(r, "offset"))
         failed = len(outcome.results) - written
         outcome_label = "ok" if failed == 0 else ("partial" if written else "failed")
-        metrics.produce_records.labels(topic, "written").inc(written)
-        metrics.produce_records.labels(topic, "failed").inc(failed)
-        metrics.produce_bytes.labels(topic).inc(
+        label = metrics.topic_label(topic, exists=True)
+        metrics.produce_records.labels(label, "written").inc(written)
+        metrics.produce_records.labels(label, "failed").inc(failed)
+        metrics.produce_bytes.labels(label).inc(
             sum(len(r.key or b"") + len(r.value or b"") for r in decoded.records)
         )
     except SidecarError as exc:
         outcome_label = str(exc.error_code)
         raise
     finally:
-        metrics.produce_requests.labels(topic, outcome_label).inc()
-        metrics.produce_latency.labels(topic, outcome_label).observe(time.monotonic() - began)
+        # Labelled only with a topic known to exist, so invented names add no series.
+        label = metrics.topic_label(topic, exists=served or topic in app[SIDECAR_KEY].topics)
+        metrics.produce_requests.labels(label, outcome_label).inc()
+        metrics.produce_latency.labels(label, outcome_label).observe(time.monotonic() - began)
     return web.Response(
         body=encode_produce_response(
             outcome.results,

@@ -14,6 +14,7 @@ from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import (
     BINARY_V2,
     JSON_V2,
+    RunningSidecar,
     b64,
     header,
     read_all,
@@ -182,6 +183,32 @@ async def test_health_readiness_metrics_and_openapi(cluster: ClusterEndpoints) -
             text = await response.text()
         assert "sidecar_produce_requests_total" in text
         assert 'outcome="40401"' in text
+
+
+async def _series(sidecar: RunningSidecar) -> set[str]:
+    async with sidecar.http.get("/metrics") as response:
+        text = await response.text()
+    return {line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")}
+
+
+async def test_requests_for_unknown_topics_do_not_grow_the_metrics(
+    cluster: ClusterEndpoints,
+) -> None:
+    topic = unique("known")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 1, replication_factor=cluster.replication_factor)
+        assert (await sidecar.produce(topic, [{"value": 1}]))[0] == 200
+        invented = [unique("missing") for _ in range(200)] + ["bad%2Fname", "%E2%82%AC"]
+        await sidecar.produce(invented[0], [{"value": 1}])
+        await sidecar.produce(invented[0], [{"value": 1}], content_type="text/plain")
+        before = await _series(sidecar)
+        for name in invented:
+            await sidecar.produce(name, [{"value": 1}])
+            await sidecar.produce(name, [{"value": 1}], content_type="text/plain")
+        after = await _series(sidecar)
+    assert sorted(after - before) == []
+    assert any(f'topic="{topic}"' in line for line in after)
+    assert any('outcome="40401",topic="_unknown"' in line for line in after)
 
 
 async def test_graceful_stop_answers_requests_in_progress(cluster: ClusterEndpoints) -> None:
