@@ -28,9 +28,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.errors import (
     BrokerResponseError,
+    InvalidConfigurationError,
     InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    InvalidTopicError,
     KafkaError,
     KafkaTimeoutError,
+    PolicyViolationError,
     TopicAlreadyExistsError,
     TransactionalIdAuthorizationFailed,
     UnknownTopicOrPartitionError,
@@ -43,6 +48,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from sidecar.config import KafkaSettings
 from sidecar.core.errors import (
     InvalidPartitionCount,
+    KafkaBadRequest,
     KafkaFailure,
     KafkaUnavailable,
     ProducerFenced,
@@ -325,8 +331,9 @@ class KafkaGateway:
     ) -> None:
         """Create ``topic`` (with extra topic ``configs``) and wait until metadata shows it.
 
-        Raises TopicExists, InvalidPartitionCount, KafkaUnavailable, KafkaFailure
-        (an invalid config among them).
+        Raises TopicExists, InvalidPartitionCount, KafkaBadRequest (a replication factor,
+        config or policy Kafka refuses, with Kafka's message), KafkaUnavailable,
+        KafkaFailure.
         """
         configs = dict(configs or {}) | ({"cleanup.policy": "compact"} if compacted else {})
         new_topic = NewTopic(topic, partitions, replication_factor, topic_configs=configs)
@@ -621,9 +628,22 @@ def _error_for_code(code: int, message: str) -> KafkaError:
     return for_code(code)(message)
 
 
+# Errors Kafka answers when the request itself is wrong: the caller's mistake, not a
+# failure of the cluster.
+_REFUSED_AS_INVALID = (
+    InvalidConfigurationError,
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    InvalidTopicError,
+    PolicyViolationError,
+)
+
+
 def _translated(exc: KafkaError, what: str) -> SidecarError:
     if isinstance(exc, UnknownTopicOrPartitionError):
         return UnknownTopic(f"{what}: {exc}")
+    if isinstance(exc, _REFUSED_AS_INVALID):
+        return KafkaBadRequest(f"{what}: {exc}")
     if exc.retriable or isinstance(exc, KafkaTimeoutError):
         return KafkaUnavailable(f"{what}: {exc}")
     return KafkaFailure(f"{what}: {exc}")

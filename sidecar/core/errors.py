@@ -36,6 +36,16 @@ class BadRequest(SidecarError):
     default_message = "malformed request"
 
 
+class KafkaBadRequest(SidecarError):
+    """Kafka refused the request as the caller's mistake (an invalid replication factor, an
+    unknown topic config, a policy violation); the message is Kafka's. Code as REST Proxy's
+    ``KAFKA_BAD_REQUEST_ERROR_CODE``."""
+
+    http_status = 400
+    error_code = 40002
+    default_message = "Kafka refused the request as invalid"
+
+
 class InvalidName(BadRequest):
     """A topic, group, instance or sidecar name that cannot be used (``core.names``)."""
 

@@ -156,6 +156,25 @@ async def test_admin_api_is_token_protected(cluster: ClusterEndpoints) -> None:
         assert (status, body["error_code"]) == (404, 40401)
 
 
+async def test_what_kafka_refuses_in_a_create_is_the_callers_mistake(
+    cluster: ClusterEndpoints,
+) -> None:
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        cases: list[tuple[dict[str, Any], int, str]] = [
+            ({"replication_factor": 9}, 40002, "replication factor"),
+            ({"configs": {"no.such.config": "1"}}, 40002, "no.such.config"),
+            ({"configs": {"retention.ms": "soon"}}, 40002, "retention.ms"),
+        ]
+        for options, code, words in cases:
+            name = unique("refused")
+            status, body = await sidecar.admin(
+                "POST", "/admin/topics", {"name": name, "partitions": 1} | options
+            )
+            assert (status, body["error_code"]) == (400, code), (options, body)
+            assert words in body["message"], body
+            assert (await sidecar.admin("GET", f"/admin/topics/{name}"))[0] == 404
+
+
 async def test_idempotency_key_writes_a_retry_once(cluster: ClusterEndpoints) -> None:
     topic = unique("idem")
     async with running_sidecars(cluster, 1) as (sidecar,):
