@@ -250,6 +250,15 @@ def _field(document: dict[str, Any], name: str, kind: type, default: Any = None)
     return value
 
 
+def _is_utf8(text: str) -> bool:
+    # json.loads lets "\ud800" through as a lone surrogate, which UTF-8 cannot encode.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _kind_name(kind: type) -> str:
     return {int: "an integer", bool: "true or false", str: "a string", float: "a number"}.get(
         kind, kind.__name__
@@ -266,6 +275,8 @@ async def admin_create(request: web.Request) -> web.Response:
     configs = _field(document, "configs", dict, {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
         raise BadRequest("configs must map config names to string values")
+    if not all(_is_utf8(text) for item in configs.items() for text in item):
+        raise BadRequest("configs contain a lone UTF-16 surrogate, which Kafka cannot carry")
     create = CreateTopic(
         name=names.topic_name(_field(document, "name", str), "name"),
         partitions=_field(document, "partitions", int),

@@ -30,6 +30,8 @@ from sidecar.core.serialization import (
 from sidecar.core.topics import TopicConfig, TopicState
 from sidecar.metrics import SidecarMetrics
 
+MAX_REPLICATION_FACTOR = 2**15 - 1
+
 
 @dataclass(frozen=True)
 class CreateTopic:
@@ -59,15 +61,20 @@ class TopicAdmin:
         """Create the Kafka topic and manage it from generation 0.
 
         Raises BadRequest (name, replication factor), InvalidPartitionCount,
-        TopicAlreadyManaged (managed already, or existing in Kafka: adopt it instead).
+        TopicAlreadyManaged (managed already, or existing in Kafka: adopt it instead),
+        KafkaBadRequest (Kafka refused the replication factor, a config, a policy).
         """
         names.topic_name(request.name, "name")
         if not 1 <= request.partitions <= MAX_PARTITION_COUNT:
             raise InvalidPartitionCount(
                 f"partitions must be between 1 and {MAX_PARTITION_COUNT}, got {request.partitions}"
             )
-        if request.replication_factor < 1:
-            raise BadRequest("replication_factor must be at least 1")
+        if not 1 <= request.replication_factor <= MAX_REPLICATION_FACTOR:
+            # Kafka's field is an int16: a larger value could not even be sent.
+            raise BadRequest(
+                f"replication_factor must be between 1 and {MAX_REPLICATION_FACTOR}, "
+                f"got {request.replication_factor}"
+            )
         if "cleanup.policy" in request.configs:
             raise BadRequest("set cleanup.policy with the compacted field, not in configs")
         await self._refuse_managed(request.name)

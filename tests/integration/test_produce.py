@@ -164,6 +164,8 @@ async def test_what_kafka_refuses_in_a_create_is_the_callers_mistake(
             ({"replication_factor": 9}, 40002, "replication factor"),
             ({"configs": {"no.such.config": "1"}}, 40002, "no.such.config"),
             ({"configs": {"retention.ms": "soon"}}, 40002, "retention.ms"),
+            ({"replication_factor": 40_000}, 40001, "between 1 and 32767"),
+            ({"configs": {"segment.ms": "\ud800"}}, 40001, "surrogate"),
         ]
         for options, code, words in cases:
             name = unique("refused")
