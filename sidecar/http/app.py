@@ -211,10 +211,25 @@ def _authorize(request: web.Request) -> None:
     settings = request.app[SETTINGS_KEY].http
     if not settings.admin_enabled:
         raise AdminDisabled("the admin API is disabled (http.admin_enabled = false)")
-    supplied = request.headers.get("Authorization", "")
-    expected = f"Bearer {settings.admin_token}"
-    if not hmac.compare_digest(supplied.encode(), expected.encode()):
+    supplied = _bearer_token(request.headers.get("Authorization", ""))
+    if supplied is None or not hmac.compare_digest(supplied, settings.admin_token.encode()):
         raise NotAuthorized("missing or wrong admin token (Authorization: Bearer <token>)")
+
+
+def _bearer_token(header: str) -> bytes | None:
+    """The token of ``Bearer <token>`` as the bytes sent, or None for another scheme.
+
+    The scheme is matched without case (RFC 9110 §11.1). aiohttp decodes header bytes
+    that are not UTF-8 with surrogateescape; encoding them back the same way gives the
+    bytes as sent, which simply do not match (encoding strictly would raise).
+    """
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    try:
+        return token.strip().encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no decoder produced: not a token
+        return None
 
 
 async def _json_object(
