@@ -26,6 +26,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     BrokerResponseError,
     InvalidConfigurationError,
@@ -121,6 +122,16 @@ class SendFailed(Exception):
         self.maybe_appended = maybe_appended
         self.retriable = maybe_appended if retriable is None else retriable
         """Sending the record again is what the client should do (nothing was refused)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """Where a partition lives: its leader (-1: none now), replicas and in-sync replicas."""
+
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+    in_sync: tuple[int, ...]
 
 
 class TopicExists(Exception):
@@ -417,6 +428,88 @@ class KafkaGateway:
                 raise _translated(error, f"reading metadata of {topic}") from error
             return len(partitions)
         return None
+
+    # Discovery (REST Proxy v2's read-only topic and broker routes) ---------------------
+
+    async def list_topics(self) -> list[str]:
+        """Names of the cluster's topics, sorted, internal ones left out (as REST Proxy
+        v2's ``GET /topics``). Raises KafkaUnavailable, KafkaFailure."""
+        metadata = await self._metadata(None, "listing topics")
+        return sorted(
+            t["topic"] for t in metadata["topics"] if t["error_code"] == 0 and not t["is_internal"]
+        )
+
+    async def describe_partitions(self, topic: str) -> list[PartitionInfo]:
+        """``topic``'s partitions in order, each with its leader and replicas.
+
+        Raises UnknownTopic, KafkaUnavailable, KafkaFailure.
+        """
+        metadata = await self._metadata([topic], f"reading metadata of {topic}")
+        for entry in metadata["topics"]:
+            if entry["topic"] != topic:
+                continue
+            if entry["error_code"] == _UNKNOWN_TOPIC_ERRNO:
+                break
+            if entry["error_code"]:
+                error = _error_for_code(entry["error_code"], f"metadata of {topic}")
+                raise _translated(error, f"reading metadata of {topic}") from error
+            return sorted(
+                (
+                    PartitionInfo(
+                        partition=int(p["partition"]),
+                        leader=int(p["leader"]),
+                        replicas=tuple(int(r) for r in p["replicas"]),
+                        in_sync=tuple(int(r) for r in p["isr"]),
+                    )
+                    for p in entry["partitions"]
+                ),
+                key=lambda info: info.partition,
+            )
+        raise UnknownTopic(f"topic {topic} does not exist")
+
+    async def topic_configs(self, topic: str) -> dict[str, str | None]:
+        """``topic``'s configs as Kafka reports them; a sensitive value is None.
+
+        Raises UnknownTopic, KafkaUnavailable, KafkaFailure.
+        """
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic)
+        responses = await self._retrying(
+            lambda: self._require().admin.describe_configs([resource]),
+            f"reading configs of {topic}",
+        )
+        for response in responses:
+            for entry in response.to_object()["resources"]:
+                if entry["error_code"] == _UNKNOWN_TOPIC_ERRNO:
+                    raise UnknownTopic(f"topic {topic} does not exist")
+                if entry["error_code"]:
+                    error = _error_for_code(entry["error_code"], entry["error_message"] or "")
+                    raise _translated(error, f"reading configs of {topic}") from error
+                return {
+                    config["config_names"]: None
+                    if config["is_sensitive"]
+                    else config["config_value"]
+                    for config in entry["config_entries"]
+                }
+        raise KafkaFailure(f"reading configs of {topic}: Kafka answered no resource")
+
+    async def broker_ids(self) -> list[int]:
+        """Ids of the cluster's brokers, sorted. Raises KafkaUnavailable, KafkaFailure."""
+        metadata = await self._metadata([], "listing brokers")
+        return sorted(int(broker["node_id"]) for broker in metadata["brokers"])
+
+    async def _metadata(self, topics: list[str] | None, what: str) -> dict[str, Any]:
+        """A Metadata answer (``topics`` None: every topic), never auto-creating one."""
+        client = self._require().producer.client
+        request = MetadataRequest(topics, allow_auto_topic_creation=False)
+
+        async def ask() -> Any:
+            node = client.get_random_node()
+            if node is None:
+                raise KafkaUnavailable("no broker known")
+            return await client.send(node, request)
+
+        response = await self._retrying(ask, what)
+        return response.to_object()  # type: ignore[no-any-return]
 
     # Offsets ------------------------------------------------------------------------------
 

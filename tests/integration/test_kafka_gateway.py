@@ -113,6 +113,35 @@ async def test_unknown_topic(gateway: KafkaGateway) -> None:
         await gateway.send(topic, 0, b"k", b"v", [])
 
 
+async def test_discovery_lists_describes_and_never_creates_a_topic(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    topic = _topic_name("discover")
+    await gateway.create_topic(
+        topic, 3, cluster.replication_factor, compacted=True, configs={"segment.ms": "3600000"}
+    )
+    assert topic in await gateway.list_topics()
+    assert "__consumer_offsets" not in await gateway.list_topics()
+    brokers = await gateway.broker_ids()
+    assert len(brokers) >= cluster.replication_factor
+    partitions = await gateway.describe_partitions(topic)
+    assert [p.partition for p in partitions] == [0, 1, 2]
+    for info in partitions:
+        assert len(info.replicas) == cluster.replication_factor
+        assert info.leader in info.replicas
+        assert set(info.in_sync) <= set(info.replicas)
+        assert set(info.replicas) <= set(brokers)
+    configs = await gateway.topic_configs(topic)
+    assert (configs["cleanup.policy"], configs["segment.ms"]) == ("compact", "3600000")
+
+    absent = _topic_name("absent")
+    with pytest.raises(UnknownTopic):
+        await gateway.describe_partitions(absent)
+    with pytest.raises(UnknownTopic):
+        await gateway.topic_configs(absent)
+    assert absent not in await gateway.list_topics()
+
+
 async def test_headers_keys_and_tombstones_arrive_as_sent(
     cluster: ClusterEndpoints, gateway: KafkaGateway
 ) -> None:
