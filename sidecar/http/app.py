@@ -4,8 +4,9 @@ Routes (the OpenAPI document at ``/openapi.json`` has the details):
 
 * ``POST /topics/{topic}``, ``POST /topics/{topic}/partitions/{partition}``: produce,
   Confluent REST Proxy v2 compatible.
-* ``GET /topics/{topic}``: the topic's partitions and, for a managed topic, its
-  generation, count and partition modes.
+* ``GET /topics``, ``GET /topics/{topic}``, ``.../partitions``, ``.../partitions/{p}``,
+  ``GET /brokers``: REST Proxy v2 discovery, with the ordered extensions
+  (``topic_routes``).
 * ``GET /healthz`` (the process answers), ``GET /readyz`` (Kafka started and the
   ZooKeeper session connected), ``GET /metrics`` (Prometheus).
 * ``/admin/...``: create, adopt, describe, change the partition count. Off unless
@@ -34,22 +35,23 @@ from sidecar.core.errors import (
     ChangeRolledBack,
     NotAuthorized,
     SidecarError,
-    UnknownPartition,
 )
 from sidecar.core.procedures import OperationKind, Phase
 from sidecar.core.serialization import operation_to_json
-from sidecar.http.edge import path_names_middleware
+from sidecar.http.edge import partition_in_path, path_names_middleware
 from sidecar.http.error_map import errors_middleware
 from sidecar.http.produce_codec import (
     V2_RESPONSE_CONTENT_TYPE,
     decode_produce_request,
     encode_produce_response,
 )
+from sidecar.http.topic_routes import add_routes as add_topic_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import CreateTopic, TopicAdmin, describe_state
 from sidecar.service.changes import ChangeRequest, ChangeRunner
 from sidecar.service.idempotency import IdempotencyCache
 from sidecar.service.sidecar import ProduceOutcome, Sidecar
+from sidecar.service.topics import TopicDirectory
 
 _OPENAPI: Final = Path(__file__).with_name("openapi.json")
 
@@ -87,7 +89,7 @@ def build_app(
     app.router.add_get("/openapi.json", openapi)
     app.router.add_post("/topics/{topic}", produce)
     app.router.add_post("/topics/{topic}/partitions/{partition}", produce)
-    app.router.add_get("/topics/{topic}", get_topic)
+    add_topic_routes(app, TopicDirectory(sidecar))
     app.router.add_post("/admin/topics", admin_create)
     app.router.add_get("/admin/topics/{topic}", admin_describe)
     app.router.add_post("/admin/topics/{topic}/adopt", admin_adopt)
@@ -130,7 +132,7 @@ async def produce(request: web.Request) -> web.Response:
     settings = app[SETTINGS_KEY]
     metrics = app[METRICS_KEY]
     topic = request.match_info["topic"]
-    partition = _partition_in_path(request)
+    partition = partition_in_path(request)
     body = await request.read()
     began = time.monotonic()
     outcome_label = "error"
@@ -177,31 +179,6 @@ async def produce(request: web.Request) -> web.Response:
         ),
         content_type=V2_RESPONSE_CONTENT_TYPE,
     )
-
-
-def _partition_in_path(request: web.Request) -> int | None:
-    raw = request.match_info.get("partition")
-    if raw is None:
-        return None
-    if not raw.isdigit() or len(raw) > 10:
-        raise UnknownPartition(f"partition {raw!r} is not a partition number")
-    return int(raw)
-
-
-async def get_topic(request: web.Request) -> web.Response:
-    topic = request.match_info["topic"]
-    sidecar = request.app[SIDECAR_KEY]
-    runtime = await sidecar.runtime(topic)
-    if runtime is None:
-        count = await sidecar.kafka.partition_count(topic)
-        body: dict[str, Any] = {
-            "name": topic,
-            "managed": False,
-            "partitions": [{"partition": p} for p in range(count)],
-        }
-    else:
-        body = {"name": topic, "managed": True} | describe_state(runtime.state)
-    return web.json_response(body, content_type=V2_RESPONSE_CONTENT_TYPE)
 
 
 # Admin ----------------------------------------------------------------------------------------

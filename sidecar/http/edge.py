@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from sidecar.core import names
+from sidecar.core.errors import UnknownPartition
 
 _PATH_NAMES: Final[Mapping[str, Callable[[object, str], str]]] = {
     "topic": names.topic_name,
@@ -31,3 +32,17 @@ async def path_names_middleware(request: web.Request, handler: Handler) -> web.S
         if value is not None:
             check(value, f"{parameter} in the path")
     return await handler(request)
+
+
+def partition_in_path(request: web.Request) -> int | None:
+    """The ``{partition}`` of the route, None if it has none.
+
+    Raises UnknownPartition (404, as REST Proxy answers) for one that is not a partition
+    number: no such partition can exist.
+    """
+    raw = request.match_info.get("partition")
+    if raw is None:
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 10 or int(raw) > 2**31 - 1:
+        raise UnknownPartition(f"partition {raw[:20]!r} is not a partition number")
+    return int(raw)
