@@ -45,6 +45,7 @@ from sidecar.http.produce_codec import (
     decode_produce_request,
     encode_produce_response,
 )
+from sidecar.http.topic_routes import TOPICS_KEY
 from sidecar.http.topic_routes import add_routes as add_topic_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import CreateTopic, TopicAdmin, describe_state
@@ -144,6 +145,11 @@ async def produce(request: web.Request) -> web.Response:
             headers=request.headers,
             max_body_bytes=settings.http.max_body_bytes,
         )
+
+        if partition is not None:
+            # A partition named in the URL is the whole request's: one that cannot take
+            # records is a 404 (or 409) for the request, as REST Proxy answers it.
+            await app[TOPICS_KEY].check_writable(topic, partition)
 
         async def run() -> ProduceOutcome:
             return await app[SIDECAR_KEY].produce(topic, decoded, partition)

@@ -57,10 +57,13 @@ async def test_empty_and_delayed_partitions_are_removed(cluster: ClusterEndpoint
         await asyncio.sleep(2.5)  # another housekeeping round changes nothing
         assert await _modes(sidecar, topic) == ["read_write"] * 2 + ["removed", "read_only"]
 
-        # Writing to a read-only partition is refused, per record.
-        status, body = await sidecar.produce(topic, [{"value": 1}], partition=3)
+        # Writing to a read-only partition is refused: per record when a record names
+        # it, for the whole request when the URL does.
+        status, body = await sidecar.produce(topic, [{"value": 1, "partition": 3}])
         assert status == 200
         assert body["offsets"][0]["error_code"] == 40902
+        status, body = await sidecar.produce(topic, [{"value": 1}], partition=3)
+        assert (status, body["error_code"]) == (409, 40902)
 
         # A later expansion brings the partitions back, read-write.
         await sidecar.change_count(topic, 4)

@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.core.routing import partition_for_key
 from sidecar.devcluster.provider import ClusterEndpoints
-from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
+from tests.integration.sidecars import RunningSidecar, read_all, running_sidecars, unique
 
 V2 = "application/vnd.kafka.v2+json"
 
@@ -133,3 +133,33 @@ async def test_a_managed_topic_shows_read_only_and_removed_partitions_with_their
         assert [p["mode"] for p in body["partitions"]] == expected
         status, one = await _get(sidecar, f"/topics/{topic}/partitions/2")
         assert (status, one["mode"]) == (200, "removed")
+
+        # A produce naming a partition in its URL: the whole request is answered.
+        for partition, answer in [(2, (404, 40402)), (3, (409, 40902)), (9, (404, 40402))]:
+            status, body = await sidecar.produce(topic, [{"value": 2}], partition=partition)
+            assert (status, body["error_code"]) == answer, (partition, body)
+        status, body = await sidecar.produce(topic, [{"value": 3}], partition=1)
+        assert (status, body["offsets"][0]["partition"]) == (200, 1)
+    stored = await read_all(cluster, topic, 4)
+    assert [len(stored[p]) for p in range(4)] == [0, 1, 0, 1]
+
+
+async def test_produce_to_a_partition_out_of_range_is_a_404_and_writes_nothing(
+    cluster: ClusterEndpoints,
+) -> None:
+    topic = unique("range")
+    admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 2, cluster.replication_factor)])
+    finally:
+        await admin.close()
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        status, body = await sidecar.produce(topic, [{"value": 1}], partition=2)
+        assert (status, body["error_code"]) == (404, 40402)
+        status, body = await sidecar.produce(unique("missing"), [{"value": 1}], partition=0)
+        assert (status, body["error_code"]) == (404, 40401)
+        status, body = await sidecar.produce(topic, [{"value": 1}], partition=1)
+        assert status == 200
+    stored = await read_all(cluster, topic, 2)
+    assert [len(stored[p]) for p in range(2)] == [0, 1]
