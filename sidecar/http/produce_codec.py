@@ -44,6 +44,11 @@ idempotency key header may use the quoted structured-field form of the IETF
 
 Unknown fields in the request or in a record are refused, because a misspelt
 ``expected_generation`` ignored would turn a fenced produce into an unfenced one.
+REST Proxy v2's schema fields (``key_schema``, ``key_schema_id``, ``value_schema``,
+``value_schema_id``) are known: stock clients send them as null with json and binary
+records, and null is accepted and ignored, as REST Proxy ignores them for these
+formats. A schema given there is refused (422: the content type is fine, the records
+cannot be written as asked): it needs a schema registry this sidecar does not use.
 
 Response: as REST Proxy v2, status 200 with one entry per record in request order,
 each either an offset or an error; this project adds ``generation`` and
@@ -86,8 +91,12 @@ MAX_IDEMPOTENCY_KEY_LENGTH: Final = 255
 
 _T = TypeVar("_T")
 
-_REQUEST_FIELDS: Final = frozenset(
-    {"records", "expected_generation", "expected_partition_count", "idempotency_key"}
+_SCHEMA_FIELDS: Final = frozenset(
+    {"key_schema", "key_schema_id", "value_schema", "value_schema_id"}
+)
+_REQUEST_FIELDS: Final = (
+    frozenset({"records", "expected_generation", "expected_partition_count", "idempotency_key"})
+    | _SCHEMA_FIELDS
 )
 _RECORD_FIELDS: Final = frozenset({"key", "value", "partition", "headers"})
 _HEADER_FIELDS: Final = frozenset({"name", "value"})
@@ -237,6 +246,7 @@ def decode_produce_request(
     if not isinstance(document, dict):
         raise BadRequest(f"request body must be a JSON object, got {_json_type(document)}")
     _refuse_unknown_fields(document, _REQUEST_FIELDS, "request", BadRequest)
+    _refuse_schemas(document)
     raw_records = document.get("records")
     if not isinstance(raw_records, list):
         raise BadRequest(
@@ -269,6 +279,16 @@ def decode_produce_request(
         ),
         format=fmt,
     )
+
+
+def _refuse_schemas(document: Mapping[str, object]) -> None:
+    # Stock REST Proxy clients send all four as null with every json or binary request.
+    given = sorted(field for field in _SCHEMA_FIELDS if document.get(field) is not None)
+    if given:
+        raise InvalidRecord(
+            f"{', '.join(given)}: schemas need a schema registry, which this sidecar does "
+            "not use; send json or binary records and leave the schema fields out or null"
+        )
 
 
 def _parse_json(body: bytes) -> object:

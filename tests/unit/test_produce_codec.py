@@ -147,11 +147,36 @@ def test_body_over_the_limit_is_refused_and_at_the_limit_accepted() -> None:
         (b'{"records": null}', "records is missing"),
         (b'{"records": {}}', "records must be an array, got object"),
         (b'{"records": []}', "records is empty"),
-        (b'{"records": [{"value": null}], "key_schema": "x"}', "unknown field(s) ['key_schema']"),
+        (
+            b'{"records": [{"value": null}], "key_schemas": null}',
+            "unknown field(s) ['key_schemas']",
+        ),
     ],
 )
 def test_malformed_requests_are_bad_requests(body: bytes, message: str) -> None:
     with pytest.raises(BadRequest, match=re.escape(message)):
+        decode_raw(body)
+
+
+def test_rest_proxy_schema_fields_sent_as_null_are_accepted_and_ignored() -> None:
+    nulls = {"key_schema": None, "key_schema_id": None, "value_schema": None}
+    body = json.dumps({"records": [{"value": "YQ=="}], "value_schema_id": None} | nulls)
+    for content_type in ("application/vnd.kafka.binary.v2+json", "application/json"):
+        request = decode_raw(body.encode(), content_type=content_type)
+        assert len(request.records) == 1
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"value_schema": '{"type": "string"}'},
+        {"key_schema_id": 3},
+        {"value_schema_id": 0, "key_schema": None},
+    ],
+)
+def test_a_schema_is_refused_it_needs_a_schema_registry(schema: dict[str, object]) -> None:
+    body = json.dumps({"records": [{"value": 1}]} | schema).encode()
+    with pytest.raises(InvalidRecord, match="need a schema registry"):
         decode_raw(body)
 
 
