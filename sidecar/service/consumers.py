@@ -246,9 +246,13 @@ class ConsumerInstance:
     # Subscription and assignment ----------------------------------------------------------
 
     async def subscribe(self, topics: Sequence[str] | None, pattern: str | None) -> None:
-        consumer = await self._ensure_consumer()
         if self.manual:
             raise ConsumerStateConflict("the instance has manual assignments; delete them first")
+        if (self.subscription or self.pattern) and (pattern is None) != (self.pattern is None):
+            # REST Proxy replaces a subscription; aiokafka refuses to turn topics into a
+            # pattern or back (mutually exclusive), so the old one is left first.
+            await self.unsubscribe()
+        consumer = await self._ensure_consumer()
         self.subscription = list(topics or [])
         self.pattern = pattern
         if pattern is None:
@@ -259,9 +263,15 @@ class ConsumerInstance:
             await self.sidecar.runtime(topic)  # load and watch managed topics now
 
     async def unsubscribe(self) -> None:
-        if self._consumer is not None:
-            self._consumer.unsubscribe()
-        self.subscription, self.pattern = [], None
+        """Leave the subscription and any manual assignment, as Kafka's unsubscribe.
+
+        The aiokafka consumer is closed (leaving the group), not only unsubscribed: its
+        coordinator may still be rejoining for the old subscription, and a manual
+        assignment made meanwhile fails inside aiokafka ("Should not be called"). The
+        next subscribe or assign starts a fresh one.
+        """
+        await self._stop_consumer()
+        self.subscription, self.pattern, self.manual = [], None, []
         self._partitions.clear()
         self._told_assigned.clear()
 
@@ -1066,16 +1076,26 @@ class ConsumerInstance:
                 result[tp] = int(offset)
         return result
 
+    def require_assigned(self, partitions: Iterable[TopicPartition]) -> None:
+        """Raises ConsumerStateConflict (no consumer yet) or BadRequest (a partition not
+        assigned to this instance)."""
+        assigned = self._require_consumer().assignment()
+        for tp in partitions:
+            if tp not in assigned:
+                raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
+
     async def seek(self, offsets: Mapping[TopicPartition, int]) -> None:
         consumer = self._require_consumer()
+        self.require_assigned(offsets)
         for tp, offset in offsets.items():
-            if tp not in consumer.assignment():
-                raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
             consumer.seek(tp, offset)
             self._partitions[tp] = _PartitionState(delivered=offset)
 
     async def seek_to_timestamps(self, timestamps: Mapping[TopicPartition, int]) -> None:
         consumer = self._require_consumer()
+        # Before the lookup: for a partition not assigned (or of no topic) aiokafka waits
+        # for metadata until the request timeout, holding the instance's lock.
+        self.require_assigned(timestamps)
         try:
             found = await consumer.offsets_for_times(dict(timestamps))
         except KafkaError as exc:
@@ -1091,9 +1111,9 @@ class ConsumerInstance:
 
     async def seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None:
         consumer = self._require_consumer()
-        for tp in partitions:
-            if tp not in consumer.assignment():
-                raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
+        self.require_assigned(partitions)
+        if not partitions:
+            return  # an empty list seeks none (aiokafka would read it as "all assigned")
         if beginning:
             await consumer.seek_to_beginning(*partitions)
         else:
@@ -1104,6 +1124,11 @@ class ConsumerInstance:
     # Life cycle ---------------------------------------------------------------------------
 
     async def close(self) -> None:
+        await self._stop_consumer()
+        if self._http is not None:
+            await self._http.close()
+
+    async def _stop_consumer(self) -> None:
         for topic in {k[0] for k in self._waits}:
             await self._clear_waits(topic)
         if self._fetching is not None:
@@ -1117,8 +1142,6 @@ class ConsumerInstance:
                     await self._auto_commit(force=True)
             await self._consumer.stop()
             self._consumer = None
-        if self._http is not None:
-            await self._http.close()
 
     def revoked(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)

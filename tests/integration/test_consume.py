@@ -391,3 +391,41 @@ async def test_a_caught_up_group_calls_back_keys_revoked_before_keys_assigned(
         assert revoked_done <= assigned_started <= assigned_done <= delivered_at
     finally:
         await app.stop()
+
+
+async def _records_of(consumer: RestConsumer, want: int, within_s: float = 20) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + within_s
+    while len(got) < want:
+        assert time.monotonic() < deadline, f"got {len(got)} of {want} records"
+        records, _ = await consumer.poll(300)
+        got += records
+    return got
+
+
+async def test_a_subscription_is_replaced_by_a_pattern_and_back(
+    cluster: ClusterEndpoints,
+) -> None:
+    prefix = unique("swap")
+    first, second = f"{prefix}-a", f"{prefix}-b"
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        for topic in (first, second):
+            await sidecar.create_topic(topic, 1, replication_factor=cluster.replication_factor)
+            await sidecar.produce(topic, [{"value": topic}])
+        consumer = await create_consumer(sidecar, unique("group"), "c")
+        await consumer.subscribe(first)
+        status, body = await consumer.call(
+            "POST", "/subscription", {"topic_pattern": f"{second}.*"}
+        )
+        assert status == 204, body
+        assert [r["topic"] for r in await _records_of(consumer, 1)] == [second]
+        status, body = await consumer.call("GET", "/subscription")
+        assert body == {"topics": [second]}
+        await consumer.subscribe(first)
+        assert [r["topic"] for r in await _records_of(consumer, 1)] == [first]
+        # Unsubscribing also ends a manual assignment, as Kafka's unsubscribe does.
+        assert (await consumer.call("DELETE", "/subscription"))[0] == 204
+        await consumer.assign((second, 0))
+        assert (await consumer.call("DELETE", "/subscription"))[0] == 204
+        assert (await consumer.call("GET", "/assignments"))[1] == {"partitions": []}
+        await consumer.subscribe(second)
