@@ -39,6 +39,7 @@ from sidecar.http.consumer_codec import (
     subscription_body,
 )
 from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE, EmbeddedFormat
+from sidecar.http.topic_routes import TOPICS_KEY
 from sidecar.service.consumers import (
     ConsumerInstance,
     Consumers,
@@ -138,6 +139,9 @@ async def assign(request: web.Request) -> web.Response:
     partitions = decode_assignments(
         await request.read(), content_type=request.headers.get("Content-Type")
     )
+    # A partition that does not exist is the caller's mistake (404), not a consumer that
+    # waits for metadata forever.
+    await request.app[TOPICS_KEY].check_partitions_exist((p.topic, p.partition) for p in partitions)
     async with instance.lock:
         await instance.assign_manually([TopicPartition(p.topic, p.partition) for p in partitions])
     return web.Response(status=204)
@@ -211,7 +215,16 @@ async def committed(request: web.Request) -> web.Response:
 async def seek(request: web.Request) -> web.Response:
     instance = _instance(request)
     decoded = decode_seek(await request.read(), content_type=request.headers.get("Content-Type"))
+    named = [TopicPartition(o.topic, o.partition) for o in decoded.offsets] + [
+        TopicPartition(t.topic, t.partition) for t in decoded.timestamps
+    ]
     async with instance.lock:
+        # Every partition is checked before any position moves.
+        instance.require_assigned(named)
+        if decoded.timestamps:
+            await request.app[TOPICS_KEY].check_partitions_exist(
+                (t.topic, t.partition) for t in decoded.timestamps
+            )
         await instance.seek(
             {
                 TopicPartition(o.topic, o.partition): o.offset

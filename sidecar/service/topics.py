@@ -15,7 +15,7 @@ take records, answered for the whole request before anything is written.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sidecar.adapters.kafka import PartitionInfo
@@ -115,3 +115,18 @@ class TopicDirectory:
             )
         if modes[partition] is PartitionMode.READ_ONLY:
             raise PartitionReadOnly(f"partition {partition} of {name} is read-only: being retired")
+
+    async def check_partitions_exist(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Raise unless every (topic, partition) exists in Kafka, one lookup per topic.
+
+        Raises UnknownTopic, UnknownPartition, KafkaUnavailable, KafkaFailure.
+        """
+        highest: dict[str, int] = {}
+        for topic, partition in partitions:
+            highest[topic] = max(highest.get(topic, -1), partition)
+        for topic, partition in sorted(highest.items()):
+            count = await self._sidecar.kafka.partition_count(topic)
+            if partition >= count:
+                raise UnknownPartition(
+                    f"partition {partition} of {topic} does not exist ({count} partitions)"
+                )

@@ -429,3 +429,46 @@ async def test_a_subscription_is_replaced_by_a_pattern_and_back(
         assert (await consumer.call("DELETE", "/subscription"))[0] == 204
         assert (await consumer.call("GET", "/assignments"))[1] == {"partitions": []}
         await consumer.subscribe(second)
+
+
+async def test_positions_before_a_poll_or_with_nothing_assigned_are_4xx_at_once(
+    cluster: ClusterEndpoints,
+) -> None:
+    topic = unique("seek")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        consumer = await create_consumer(sidecar, unique("group"), "c")
+        none: dict[str, Any] = {"partitions": []}
+        named = {"partitions": [{"topic": topic, "partition": 0}]}
+        at = "2024-01-01T00:00:00Z"
+        cases: list[tuple[str, object, int, int]] = [
+            ("/positions/beginning", none, 409, 40940),  # neither subscribed nor assigned
+            ("/positions/end", named, 409, 40940),
+        ]
+        for suffix, body, status, code in cases:
+            answer = await consumer.call("POST", suffix, body)
+            assert (answer[0], answer[1]["error_code"]) == (status, code), (suffix, answer)
+        await consumer.subscribe(topic)  # before the first poll: nothing assigned yet
+        for suffix in ("/positions/beginning", "/positions/end"):
+            assert (await consumer.call("POST", suffix, none))[0] == 204
+            answer = await consumer.call("POST", suffix, named)
+            assert (answer[0], answer[1]["error_code"]) == (400, 40001), answer
+        missing = unique("missing")
+        for body in (
+            {"timestamps": [{"topic": missing, "partition": 0, "timestamp": at}]},
+            {"offsets": [{"topic": topic, "partition": 0, "offset": 0}]},
+        ):
+            answer = await consumer.call("POST", "/positions", body)
+            assert (answer[0], answer[1]["error_code"]) == (400, 40001), answer
+        assert (await consumer.call("DELETE", "/subscription"))[0] == 204
+        for partitions, code in [([(missing, 0)], 40401), ([(topic, 2)], 40402)]:
+            body = {"partitions": [{"topic": t, "partition": p} for t, p in partitions]}
+            answer = await consumer.call("POST", "/assignments", body)
+            assert (answer[0], answer[1]["error_code"]) == (404, code), answer
+        await consumer.assign((topic, 1))
+        answer = await consumer.call(
+            "POST",
+            "/positions",
+            {"timestamps": [{"topic": topic, "partition": 1, "timestamp": at}]},
+        )
+        assert answer[0] == 204, answer
