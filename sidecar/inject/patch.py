@@ -17,6 +17,10 @@ Rules the operations follow:
 * Idempotent: a pod that already has a container (init or regular) named
   ``ordered-sidecar`` gets no operations, so a re-invoked webhook, or a pod whose author
   wrote the sidecar in by hand, never gets a second one.
+* A pod whose parts do not have the shapes of a Pod (``metadata`` or ``containers`` that
+  are not an object or a list of objects, as no API server sends but a fuzzer or a bug
+  may) is never patched: ``UnpatchablePod`` names the part, and the webhook allows the
+  pod unchanged with that message.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 class InjectionError(ValueError):
     """The pod asks for something that cannot be injected (e.g. an invalid ConfigMap name)."""
+
+
+class UnpatchablePod(ValueError):
+    """The pod's parts do not have a Pod's shapes, so no patch could apply to it."""
 
 
 class PatchOperation(TypedDict):
@@ -76,15 +84,21 @@ class InjectConfig:
 
 
 def opted_in(pod: Mapping[str, Any]) -> bool:
-    """True when the pod carries ``ordered-sidecar.io/inject: "true"``."""
+    """True when the pod carries ``ordered-sidecar.io/inject: "true"``.
+
+    Raises UnpatchablePod when its metadata or annotations are not objects.
+    """
     value = _annotations(pod).get(INJECT_ANNOTATION)
     return isinstance(value, str) and value.strip().lower() == "true"
 
 
 def has_sidecar(pod: Mapping[str, Any]) -> bool:
-    """True when any container of the pod (init or regular) is already the sidecar."""
-    spec = pod.get("spec") or {}
-    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    """True when any container of the pod (init or regular) is already the sidecar.
+
+    Raises UnpatchablePod when its spec or container lists do not have a Pod's shapes.
+    """
+    spec = _spec(pod)
+    containers = [*_objects(spec, "initContainers"), *_objects(spec, "containers")]
     return any(container.get("name") == CONTAINER_NAME for container in containers)
 
 
@@ -92,20 +106,21 @@ def patch_for(pod: Mapping[str, Any], config: InjectConfig) -> list[PatchOperati
     """The JSON Patch that injects the sidecar into ``pod``; empty if nothing to do.
 
     Raises InjectionError when the pod opts in with an invalid
-    ``ordered-sidecar.io/config-map`` annotation.
+    ``ordered-sidecar.io/config-map`` annotation, UnpatchablePod when a part the patch
+    reads or extends does not have a Pod's shape.
     """
     if not opted_in(pod) or has_sidecar(pod):
         return []
     config_map = _annotations(pod).get(CONFIG_MAP_ANNOTATION, config.config_map)
     if not isinstance(config_map, str) or not _DNS_SUBDOMAIN.fullmatch(config_map):
         raise InjectionError(f"{CONFIG_MAP_ANNOTATION}: {config_map!r} is not a ConfigMap name")
-    spec = pod.get("spec") or {}
+    spec = _spec(pod)
     operations = _append(
-        "/spec/initContainers", spec.get("initContainers"), sidecar_container(config)
+        "/spec/initContainers", _objects(spec, "initContainers"), sidecar_container(config)
     )
-    volumes: Sequence[Mapping[str, Any]] = spec.get("volumes") or []
+    volumes = _objects(spec, "volumes")
     if not any(volume.get("name") == CONFIG_VOLUME for volume in volumes):
-        operations += _append("/spec/volumes", spec.get("volumes"), config_volume(config_map))
+        operations += _append("/spec/volumes", volumes, config_volume(config_map))
     return operations
 
 
@@ -173,7 +188,9 @@ def _probe(path: str, port: int, *, period: int, failures: int) -> dict[str, Any
     }
 
 
-def _append(path: str, existing: Any, value: dict[str, Any]) -> list[PatchOperation]:
+def _append(
+    path: str, existing: Sequence[Mapping[str, Any]], value: dict[str, Any]
+) -> list[PatchOperation]:
     # "add" at ".../-" needs the array to exist; a missing (or null) one is created whole.
     if existing:
         return [{"op": "add", "path": f"{path}/-", "value": value}]
@@ -181,6 +198,28 @@ def _append(path: str, existing: Any, value: dict[str, Any]) -> list[PatchOperat
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata = pod.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
-    return annotations if isinstance(annotations, Mapping) else {}
+    return _object(_object(pod, "metadata", "metadata"), "annotations", "metadata.annotations")
+
+
+def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _object(pod, "spec", "spec")
+
+
+def _object(parent: Mapping[str, Any], field: str, where: str) -> Mapping[str, Any]:
+    """``parent[field]`` when it is an object; {} when absent or null."""
+    value = parent.get(field)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise UnpatchablePod(f"{where} is not an object")
+    return value
+
+
+def _objects(spec: Mapping[str, Any], field: str) -> Sequence[Mapping[str, Any]]:
+    """``spec[field]`` when it is a list of objects; [] when absent or null."""
+    value = spec.get(field)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise UnpatchablePod(f"spec.{field} is not a list of objects")
+    return value

@@ -2,7 +2,10 @@
 
 Only pod CREATE requests are mutated; anything else the API server sends (an UPDATE,
 another kind, a namespace without opted-in pods) is allowed unchanged, so a too-wide
-webhook registration cannot break other objects.
+webhook registration cannot break other objects. A pod that cannot be patched (its
+parts are not a Pod's shapes) is allowed unchanged too, with the reason as the status
+message and a warning: the webhook never stands between the API server and a pod it
+does not understand. Any JSON that is not an AdmissionReview v1 request is BadReview.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from sidecar.inject.patch import InjectConfig, InjectionError, patch_for
+from sidecar.inject.patch import InjectConfig, InjectionError, UnpatchablePod, patch_for
 
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
@@ -42,6 +45,11 @@ def admit(review: Any, config: InjectConfig) -> dict[str, Any]:
         except InjectionError as exc:
             response["allowed"] = False
             response["status"] = {"code": 400, "reason": "BadRequest", "message": str(exc)}
+            operations = []
+        except UnpatchablePod as exc:
+            message = f"ordered-sidecar not injected: {exc}"
+            response["status"] = {"message": message}
+            response["warnings"] = [message]
             operations = []
         if operations:
             response["patchType"] = "JSONPatch"

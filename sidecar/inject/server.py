@@ -41,14 +41,18 @@ def build_webhook_app(config: InjectConfig) -> web.Application:
 
 
 async def mutate(request: web.Request) -> web.Response:
+    """An AdmissionReview answer for every review, or 400 with a JSON error; never 500."""
     try:
         review = json.loads(await request.read())
         answer = admit(review, request.app[CONFIG_KEY])
-    except ValueError as exc:  # BadReview, or json.JSONDecodeError
+    except RecursionError:
+        return web.json_response({"error": "the body is nested too deeply"}, status=400)
+    except ValueError as exc:  # BadReview, json.JSONDecodeError, UnicodeDecodeError
         return web.json_response({"error": str(exc)}, status=400)
     if "patch" in answer["response"]:
+        # A patched pod has an object metadata (patch_for checked the shapes it read).
         source = review["request"]
-        metadata = (source.get("object") or {}).get("metadata") or {}
+        metadata = source["object"].get("metadata") or {}
         name = metadata.get("name") or metadata.get("generateName", "?")
         _log.info("injected the sidecar into pod %s/%s", source.get("namespace", "?"), name)
     return web.json_response(answer)

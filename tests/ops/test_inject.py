@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sidecar.inject.patch import (
     CONFIG_VOLUME,
@@ -224,3 +226,87 @@ def test_admit_denies_a_pod_it_cannot_inject_with_the_reason() -> None:
 def test_admit_rejects_what_is_not_an_admission_review_v1(body: Any) -> None:
     with pytest.raises(BadReview):
         admit(body, CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("metadata",), "a string"),
+        (("metadata", "annotations"), ["a", "list"]),
+        (("spec",), 7),
+        (("spec", "containers"), "a string"),
+        (("spec", "initContainers"), {"name": "an object"}),
+        (("spec", "initContainers"), ["not an object"]),
+        (("spec", "volumes"), [None]),
+    ],
+)
+def test_a_pod_of_the_wrong_shapes_is_allowed_unchanged_with_the_reason(
+    path: tuple[str, ...], value: Any
+) -> None:
+    bad = opted_in_pod()
+    target = bad
+    for field in path[:-1]:
+        target = target[field]
+    target[path[-1]] = value
+    response = admit(review(bad), CONFIG)["response"]
+    assert response["allowed"] is True
+    assert "patch" not in response
+    assert "not injected" in response["status"]["message"]
+    assert response["warnings"] == [response["status"]["message"]]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=30,
+)
+POD_PARTS = st.sampled_from(
+    [
+        ("metadata",),
+        ("metadata", "annotations"),
+        ("metadata", "annotations", INJECT_ANNOTATION),
+        ("metadata", "annotations", "ordered-sidecar.io/config-map"),
+        ("spec",),
+        ("spec", "containers"),
+        ("spec", "initContainers"),
+        ("spec", "volumes"),
+        ("spec", "containers", 0),
+        ("spec", "containers", 0, "name"),
+    ]
+)
+
+
+@given(st.lists(st.tuples(POD_PARTS, JSON), max_size=4), st.sampled_from(["CREATE", "UPDATE"]))
+def test_any_pod_gets_an_admission_response_never_an_exception(
+    changes: list[tuple[tuple[str | int, ...], Any]], operation: str
+) -> None:
+    document = opted_in_pod()
+    for path, value in changes:
+        target: Any = document
+        for step in path[:-1]:
+            try:
+                target = target[step]
+            except (KeyError, IndexError, TypeError):
+                break
+        else:
+            settable = (isinstance(target, dict) and isinstance(path[-1], str)) or (
+                isinstance(target, list) and isinstance(path[-1], int) and target
+            )
+            if settable:
+                target[path[-1]] = value
+    answer = admit(review(document, operation=operation), CONFIG)
+    response = answer["response"]
+    assert response["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    assert isinstance(response["allowed"], bool)
+    json.dumps(answer)  # what the server sends
+
+
+@given(JSON)
+def test_any_json_body_is_a_review_or_bad_review(body: Any) -> None:
+    try:
+        answer = admit(body, CONFIG)
+    except BadReview:
+        return
+    assert answer["kind"] == "AdmissionReview"

@@ -170,6 +170,39 @@ async def test_the_server_leaves_other_pods_alone_and_rejects_garbage() -> None:
             assert ok.status == 200
 
 
+async def test_every_body_gets_a_review_or_a_400_json_error_never_a_500() -> None:
+    metadata_a_string = admission_review({"ordered-sidecar.io/inject": "true"})
+    metadata_a_string["request"]["object"]["metadata"] = "a string"
+    containers_a_string = admission_review({"ordered-sidecar.io/inject": "true"})
+    containers_a_string["request"]["object"]["spec"]["containers"] = "a string"
+    deep_pod = admission_review({"ordered-sidecar.io/inject": "true"})
+    deep_pod["request"]["object"]["spec"]["nested"] = json.loads("[" * 500 + "]" * 500)
+    bodies: list[bytes] = [
+        json.dumps(metadata_a_string).encode(),
+        json.dumps(containers_a_string).encode(),
+        json.dumps(deep_pod).encode(),
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": '
+        + b'{"uid": 5}}',
+        b"\xff\xfe",
+        b"",
+        b"null",
+    ]
+    async with webhook() as server, aiohttp.ClientSession() as session:
+        for body in bodies:
+            async with session.post(f"{server.url}/mutate", data=body) as response:
+                answer = await response.json(content_type=None)
+            assert response.status in (200, 400), (body[:80], response.status)
+            if response.status == 400:
+                assert answer["error"]
+                continue
+            assert answer["kind"] == "AdmissionReview"
+            assert answer["response"]["allowed"] is True
+            if body in bodies[:2]:
+                assert "not injected" in answer["response"]["status"]["message"]
+                assert "patch" not in answer["response"]
+
+
 async def test_the_server_speaks_https_with_the_given_certificate(tmp_path: Path) -> None:
     authority = trustme.CA()
     cert_path, key_path = write_certificate(authority, tmp_path)
