@@ -77,6 +77,16 @@ class HttpSettings:
     max_body_bytes: int = 8 * 1024 * 1024
     admin_enabled: bool = False
     admin_token: str = field(default="", repr=False)
+    max_connections: int = 1000
+    """Connections open at once; one more is answered 503 and closed unread."""
+    header_read_timeout_s: float = 10.0
+    """A request head must be complete this long after the connection opened (or after
+    its first byte on a kept-alive connection), or the connection is closed."""
+    body_read_timeout_s: float = 30.0
+    """A request body must be complete this long after its head, or 408 and closed."""
+    keepalive_timeout_s: float = 75.0
+    """An idle kept-alive connection is closed after this long (nginx's default: longer
+    than the idle time most HTTP clients reuse a connection for)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +265,14 @@ def _redacted(values: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _validate_http_limits(values: HttpSettings) -> None:
+    if values.max_connections < 1:
+        raise ConfigError(f"http.max_connections must be at least 1, got {values.max_connections}")
+    for name in ("header_read_timeout_s", "body_read_timeout_s", "keepalive_timeout_s"):
+        if not getattr(values, name) > 0:
+            raise ConfigError(f"http.{name} must be positive, got {getattr(values, name)}")
+
+
 def _validate(section: str, values: Any) -> None:
     if section == "http" and not 0 <= values.port <= 65535:
         raise ConfigError(f"http.port must be between 0 and 65535, got {values.port}")
@@ -262,6 +280,8 @@ def _validate(section: str, values: Any) -> None:
         raise ConfigError(
             "http.admin_enabled needs http.admin_token (the admin API is token-protected)"
         )
+    if section == "http":
+        _validate_http_limits(values)
     if section == "zookeeper" and not values.root.startswith("/"):
         raise ConfigError(f"zookeeper.root must be an absolute path, got {values.root!r}")
     if section == "audit" and not 0.0 <= values.sample_rate <= 1.0:

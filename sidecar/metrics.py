@@ -198,6 +198,22 @@ class SidecarMetrics:
             "Audit events dropped (buffer full or not written): the audit has a gap.",
             registry=r,
         )
+        self.http_connections = Gauge(
+            "sidecar_http_connections",
+            "HTTP connections open now.",
+            registry=r,
+        )
+        self.http_connections_refused = Counter(
+            "sidecar_http_connections_refused_total",
+            "HTTP connections refused because http.max_connections were open.",
+            registry=r,
+        )
+        self.http_timeouts = Counter(
+            "sidecar_http_read_timeouts_total",
+            "HTTP connections closed because a request head or body arrived too slowly.",
+            ["part"],
+            registry=r,
+        )
         self.zookeeper_connected = Gauge(
             "sidecar_zookeeper_connected",
             "1 while the ZooKeeper session is connected, else 0 (managed produces hold).",

@@ -24,6 +24,8 @@ from sidecar.config import Settings
 from sidecar.core.errors import SidecarError
 from sidecar.core.procedures import Phase
 from sidecar.http.app import build_app
+from sidecar.http.connections import LINGERING_TIME_S, ConnectionGuard, GuardedSite
+from sidecar.http.connections import install as install_connection_guard
 from sidecar.http.consumer_routes import add_routes as add_consumer_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
@@ -67,6 +69,13 @@ class SidecarServer:
         self.consumers = Consumers(self.sidecar)
         self.app = build_app(settings, self.sidecar, self.admin, self.changes, self.metrics)
         add_consumer_routes(self.app, self.consumers)
+        self.connections = ConnectionGuard(
+            max_connections=settings.http.max_connections,
+            header_read_timeout_s=settings.http.header_read_timeout_s,
+            body_read_timeout_s=settings.http.body_read_timeout_s,
+            metrics=self.metrics,
+        )
+        install_connection_guard(self.app, self.connections)
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task[None] | None = None
         self.port: int | None = None
@@ -78,15 +87,18 @@ class SidecarServer:
 
     async def start(self) -> None:
         await self.sidecar.start()
+        http = self.settings.http
         self._runner = web.AppRunner(
-            self.app, shutdown_timeout=SHUTDOWN_GRACE_S, handle_signals=False
+            self.app,
+            shutdown_timeout=SHUTDOWN_GRACE_S,
+            handle_signals=False,
+            keepalive_timeout=http.keepalive_timeout_s,
+            lingering_time=LINGERING_TIME_S,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.http.host, self.settings.http.port)
+        site = GuardedSite(self._runner, http.host, http.port, self.connections)
         await site.start()
-        server = site._server  # the bound port, when the configured port is 0
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self.settings.http.port
+        self.port = site.port  # the bound one, when the configured port is 0
         self._janitor = asyncio.create_task(self._housekeeping())
         _log.info("sidecar %s listening on %s", self.settings.sidecar_id, self.url)
 

@@ -97,6 +97,14 @@ class PayloadTooLarge(SidecarError):
     default_message = "request body is larger than the configured limit"
 
 
+class RequestTimeout(SidecarError):
+    """The request body did not arrive in time (``http.body_read_timeout_s``)."""
+
+    http_status = 408
+    error_code = 40801
+    default_message = "the request did not arrive in time"
+
+
 class NotAuthorized(SidecarError):
     """Admin call without the configured token (KIP-195 TOPIC_AUTHORIZATION_FAILED)."""
 
@@ -248,6 +256,15 @@ class CallbackFailed(SidecarError):
     error_code = 50340
     retriable = True
     default_message = "the app's hand-off callback failed"
+
+
+class TooManyConnections(SidecarError):
+    """The sidecar has ``http.max_connections`` open; this one is refused unread."""
+
+    http_status = 503
+    error_code = 50303
+    retriable = True
+    default_message = "too many connections"
 
 
 class KafkaUnavailable(SidecarError):

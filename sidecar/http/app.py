@@ -38,6 +38,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.procedures import OperationKind, Phase
 from sidecar.core.serialization import operation_to_json
+from sidecar.http.connections import connection_middleware
 from sidecar.http.edge import partition_in_path, path_names_middleware
 from sidecar.http.error_map import errors_middleware
 from sidecar.http.produce_codec import (
@@ -72,8 +73,9 @@ def build_app(
     metrics: SidecarMetrics,
 ) -> web.Application:
     app = web.Application(
-        # Errors first, so that a name the second refuses is answered like any error.
-        middlewares=[errors_middleware, path_names_middleware],
+        # Errors first, so that whatever the others refuse is answered like any error;
+        # names before the body is read (connection_middleware reads it).
+        middlewares=[errors_middleware, path_names_middleware, connection_middleware],
         # The codec enforces the configured limit with a clear message; aiohttp's own
         # limit only has to be above it.
         client_max_size=settings.http.max_body_bytes + 1024,
