@@ -173,6 +173,16 @@ class FencedGeneration(SidecarError):
         self.current_count = current_count
 
 
+class InvalidGeneration(FencedGeneration):
+    """The request names a generation newer than any there is, committed or pending: no
+    sidecar can have answered with it, so it is the app's mistake, not a race. The body
+    names the current generation and count, as a fenced answer does."""
+
+    error_code = 40911
+    retriable = False
+    default_message = "the expected generation does not exist"
+
+
 class ConsumerStateConflict(SidecarError):
     """The consumer instance is not in a state for this call (not subscribed, an event
     to acknowledge first, already exists)."""

@@ -39,6 +39,7 @@ from sidecar.audit.events import key_sampled
 from sidecar.config import Settings
 from sidecar.core.errors import (
     FencedGeneration,
+    InvalidGeneration,
     KafkaUnavailable,
     MetadataUnavailable,
     ProduceHoldTimeout,
@@ -427,7 +428,7 @@ class Sidecar:
         if runtime is None:
             return await self._produce_unmanaged(topic, request, partition)
         await self._wait_until_admitted(runtime)
-        self._check_expected(runtime, request)
+        await self._check_expected(runtime, request)
         return await self._produce_managed(runtime, request, partition)
 
     async def _wait_until_admitted(self, runtime: TopicRuntime) -> None:
@@ -453,7 +454,7 @@ class Sidecar:
             held.dec()
             self.metrics.hold_seconds.labels(runtime.name).observe(time.monotonic() - began)
 
-    def _check_expected(self, runtime: TopicRuntime, request: ProduceRequest) -> None:
+    async def _check_expected(self, runtime: TopicRuntime, request: ProduceRequest) -> None:
         if not runtime.state.config.ordered_delivery:
             return
         try:
@@ -465,7 +466,30 @@ class Sidecar:
             self.metrics.unknown_generation.labels(runtime.name).inc()
             # The app has seen a newer generation than this sidecar: re-read now.
             self._spawn(self.refresh(runtime))
+            await self._refuse_a_generation_that_does_not_exist(runtime, request)
             raise
+
+    async def _refuse_a_generation_that_does_not_exist(
+        self, runtime: TopicRuntime, request: ProduceRequest
+    ) -> None:
+        """Raise InvalidGeneration (409) if the expected generation is newer than any in
+        ZooKeeper, committed or pending; return if it exists, or if ZooKeeper cannot say
+        (then the retriable "unknown generation" stands)."""
+        expected = request.expected_generation
+        if expected is None:
+            return
+        try:
+            state = await self.store.read_topic(runtime.name)
+        except SidecarError:
+            return
+        newest = max(state.current.number, state.pending.generation if state.pending else 0)
+        if expected > newest:
+            raise InvalidGeneration(
+                f"generation {expected} of {runtime.name} does not exist; the current one is "
+                f"{state.current.number}",
+                current_generation=state.current.number,
+                current_count=state.current.undeleted_count,
+            )
 
     async def _produce_managed(
         self, runtime: TopicRuntime, request: ProduceRequest, partition: int | None
