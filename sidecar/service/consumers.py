@@ -276,9 +276,14 @@ class ConsumerInstance:
         self._told_assigned.clear()
 
     async def assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
-        consumer = await self._ensure_consumer()
         if self.subscription or self.pattern:
             raise ConsumerStateConflict("the instance is subscribed; unsubscribe first")
+        if not partitions:
+            # Kafka's assign of nothing is its unsubscribe; aiokafka would keep the consumer
+            # in manual mode with nothing assigned, refusing a later subscription.
+            await self.unsubscribe()
+            return
+        consumer = await self._ensure_consumer()
         consumer.assign(list(partitions))
         self.manual = list(partitions)
         self._partitions = {tp: _PartitionState() for tp in partitions}

@@ -429,6 +429,12 @@ async def test_a_subscription_is_replaced_by_a_pattern_and_back(
         assert (await consumer.call("DELETE", "/subscription"))[0] == 204
         assert (await consumer.call("GET", "/assignments"))[1] == {"partitions": []}
         await consumer.subscribe(second)
+        # Assigning nothing is Kafka's unsubscribe: a pattern can follow it.
+        assert (await consumer.call("DELETE", "/subscription"))[0] == 204
+        await consumer.assign()
+        answer = await consumer.call("POST", "/subscription", {"topic_pattern": f"{first}.*"})
+        assert answer[0] == 204, answer
+        assert [r["topic"] for r in await _records_of(consumer, 1)] == [first]
 
 
 async def test_positions_before_a_poll_or_with_nothing_assigned_are_4xx_at_once(
