@@ -19,6 +19,8 @@ class SidecarError(Exception):
     error_code: ClassVar[int] = 50000
     retriable: ClassVar[bool] = False
     default_message: ClassVar[str] = "internal error"
+    headers: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """Response headers the status needs (a challenge, a Retry-After), set by the HTTP layer."""
 
     def __init__(self, message: str | None = None) -> None:
         self.message = message or self.default_message
@@ -105,12 +107,14 @@ class RequestTimeout(SidecarError):
     default_message = "the request did not arrive in time"
 
 
-class NotAuthorized(SidecarError):
-    """Admin call without the configured token (KIP-195 TOPIC_AUTHORIZATION_FAILED)."""
+class NotAuthenticated(SidecarError):
+    """Admin call without the configured token, or with another one (RFC 9110: 401 with a
+    ``WWW-Authenticate`` challenge; REST Proxy's authentication code)."""
 
-    http_status = 403
-    error_code = 40301
-    default_message = "not authorized"
+    http_status = 401
+    error_code = 40101
+    default_message = "not authenticated"
+    headers = (("WWW-Authenticate", 'Bearer realm="ordered-sidecar admin"'),)
 
 
 class AdminDisabled(SidecarError):
@@ -275,6 +279,7 @@ class TooManyConnections(SidecarError):
     error_code = 50303
     retriable = True
     default_message = "too many connections"
+    headers = (("Retry-After", "1"),)
 
 
 class KafkaUnavailable(SidecarError):

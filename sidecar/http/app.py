@@ -33,7 +33,7 @@ from sidecar.core.errors import (
     AdminDisabled,
     BadRequest,
     ChangeRolledBack,
-    NotAuthorized,
+    NotAuthenticated,
     SidecarError,
 )
 from sidecar.core.procedures import OperationKind, Phase
@@ -198,7 +198,7 @@ def _authorize(request: web.Request) -> None:
         raise AdminDisabled("the admin API is disabled (http.admin_enabled = false)")
     supplied = _bearer_token(request.headers.get("Authorization", ""))
     if supplied is None or not hmac.compare_digest(supplied, settings.admin_token.encode()):
-        raise NotAuthorized("missing or wrong admin token (Authorization: Bearer <token>)")
+        raise NotAuthenticated("missing or wrong admin token (Authorization: Bearer <token>)")
 
 
 def _bearer_token(header: str) -> bytes | None:

@@ -199,11 +199,11 @@ class _GuardedProtocol(asyncio.Protocol):
         )
         body = response.body
         assert isinstance(body, bytes)
+        extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers.items())
         head = (
             "HTTP/1.1 503 Service Unavailable\r\n"
-            f"Content-Type: {response.content_type}\r\n"
             f"Content-Length: {len(body)}\r\n"
-            "Retry-After: 1\r\n"
+            f"{extra}"
             "Connection: close\r\n\r\n"
         )
         transport.write(head.encode("ascii") + body)

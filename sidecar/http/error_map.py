@@ -41,7 +41,7 @@ _BODY_HEADERS: Final = frozenset({"content-type", "content-length"})
 def error_response(exc: BaseException) -> web.Response:
     """The JSON error response for ``exc``; never raises."""
     if isinstance(exc, SidecarError):
-        return _json_error(exc.http_status, _sidecar_error_body(exc))
+        return _json_error(exc.http_status, _sidecar_error_body(exc), dict(exc.headers))
     if isinstance(exc, web.HTTPException) and exc.status >= 400:
         # Keep what the status needs beside the body, e.g. Allow on a 405.
         kept = {

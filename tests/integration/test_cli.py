@@ -93,7 +93,7 @@ async def test_serve_and_manage_topics_from_the_command_line(cluster: ClusterEnd
             "topics", "--url", url, "--token", "wrong", "describe", topic, env=env
         )
         assert code == 1
-        assert json.loads(out)["error_code"] == 40301
+        assert json.loads(out)["error_code"] == 40101
     finally:
         server.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(server.wait(), 60) == 0

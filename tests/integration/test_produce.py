@@ -161,7 +161,7 @@ async def test_bad_requests_get_a_status_a_code_and_a_message(cluster: ClusterEn
 async def test_admin_api_is_token_protected(cluster: ClusterEndpoints) -> None:
     async with running_sidecars(cluster, 1) as (sidecar,):
         status, body = await sidecar.admin("GET", "/admin/topics/x", token="wrong")
-        assert (status, body["error_code"]) == (403, 40301)
+        assert (status, body["error_code"]) == (401, 40101)
         status, body = await sidecar.admin(
             "POST", "/admin/topics", {"name": "a/b", "partitions": 1}
         )
