@@ -187,3 +187,59 @@ def test_path_parameters_match_the_path_templates(document: dict[str, Any]) -> N
             declared = {p["name"] for p in parameters if p["in"] == "path"}
             assert declared == in_template, f"{method.upper()} {path}"
             assert all(p["required"] for p in parameters if p["in"] == "path")
+
+
+def test_name_schemas_are_the_rules_the_server_applies(document: dict[str, Any]) -> None:
+    from sidecar.core import names
+
+    schemas = document["components"]["schemas"]
+    for schema, pattern in [
+        ("TopicName", names.TOPIC_NAME_PATTERN),
+        ("GroupName", names.GROUP_NAME_PATTERN),
+        ("InstanceName", names.INSTANCE_NAME_PATTERN),
+    ]:
+        assert schemas[schema]["pattern"] == f"^{pattern}$"
+        assert schemas[schema]["not"] == {"enum": [".", ".."]}
+    expected = {"topic": "TopicName", "group": "GroupName", "name": "InstanceName"}
+    for path, item in document["paths"].items():
+        for parameter in item.get("parameters", []):
+            if parameter["in"] == "path" and parameter["name"] in expected:
+                reference = f"#/components/schemas/{expected[parameter['name']]}"
+                assert parameter["schema"] == {"$ref": reference}, path
+
+
+def test_every_operation_with_a_name_in_its_path_documents_the_400(
+    document: dict[str, Any],
+) -> None:
+    for method, path, operation in operations(document):
+        if re.search(r"\{(topic|group|name)\}", path):
+            assert "40003" in operation["responses"]["400"]["description"], (method, path)
+
+
+def test_links_name_existing_operations_and_fill_their_path_parameters(
+    document: dict[str, Any],
+) -> None:
+    by_id = {
+        operation["operationId"]: (path, operation) for _, path, operation in operations(document)
+    }
+    assert len(by_id) == len(list(operations(document))), "operationIds must be unique"
+    links = [
+        (method, path, name, link)
+        for method, path, operation in operations(document)
+        for response in operation["responses"].values()
+        for name, link in response.get("links", {}).items()
+    ]
+    assert {link["operationId"] for *_, link in links} >= {
+        "subscribe",
+        "poll",
+        "commitOffsets",
+        "deleteConsumer",
+    }
+    for method, path, name, link in links:
+        target_path, _ = by_id[link["operationId"]]
+        wanted = set(re.findall(r"\{([^}/]+)\}", target_path))
+        assert set(link["parameters"]) == wanted, (method, path, name)
+        for expression in link["parameters"].values():
+            assert expression.startswith(("$request.path.", "$response.body#/"))
+            if expression.startswith("$request.path."):
+                assert "{" + expression.removeprefix("$request.path.") + "}" in path
