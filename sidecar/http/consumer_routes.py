@@ -83,6 +83,14 @@ def _instance(request: web.Request) -> ConsumerInstance:
     return request.app[CONSUMERS_KEY].get(request.match_info["group"], request.match_info["name"])
 
 
+async def _check_exist(request: web.Request, partitions: list[TopicPartition]) -> None:
+    """Raises UnknownTopic or UnknownPartition (404) for a partition Kafka does not have."""
+    if partitions:
+        await request.app[TOPICS_KEY].check_partitions_exist(
+            (tp.topic, tp.partition) for tp in partitions
+        )
+
+
 async def create(request: web.Request) -> web.Response:
     group = request.match_info["group"]  # checked by the path names middleware
     decoded = decode_create_consumer(
@@ -141,7 +149,7 @@ async def assign(request: web.Request) -> web.Response:
     )
     # A partition that does not exist is the caller's mistake (404), not a consumer that
     # waits for metadata forever.
-    await request.app[TOPICS_KEY].check_partitions_exist((p.topic, p.partition) for p in partitions)
+    await _check_exist(request, [TopicPartition(p.topic, p.partition) for p in partitions])
     async with instance.lock:
         await instance.assign_manually([TopicPartition(p.topic, p.partition) for p in partitions])
     return web.Response(status=204)
@@ -218,13 +226,11 @@ async def seek(request: web.Request) -> web.Response:
     named = [TopicPartition(o.topic, o.partition) for o in decoded.offsets] + [
         TopicPartition(t.topic, t.partition) for t in decoded.timestamps
     ]
+    # Every partition is checked before any position moves: it exists (404 at once, not
+    # a lookup that waits for metadata), and it is assigned to this instance.
+    await _check_exist(request, named)
     async with instance.lock:
-        # Every partition is checked before any position moves.
         instance.require_assigned(named)
-        if decoded.timestamps:
-            await request.app[TOPICS_KEY].check_partitions_exist(
-                (t.topic, t.partition) for t in decoded.timestamps
-            )
         await instance.seek(
             {
                 TopicPartition(o.topic, o.partition): o.offset
@@ -252,6 +258,7 @@ async def _seek_to(request: web.Request, *, beginning: bool) -> web.Response:
     partitions = decode_seek_partitions(
         await request.read(), content_type=request.headers.get("Content-Type")
     )
+    await _check_exist(request, [TopicPartition(p.topic, p.partition) for p in partitions])
     async with instance.lock:
         await instance.seek_to(
             [TopicPartition(p.topic, p.partition) for p in partitions], beginning=beginning

@@ -440,12 +440,15 @@ async def test_a_subscription_is_replaced_by_a_pattern_and_back(
 async def test_positions_before_a_poll_or_with_nothing_assigned_are_4xx_at_once(
     cluster: ClusterEndpoints,
 ) -> None:
-    topic = unique("seek")
+    topic, other = unique("seek"), unique("other")
     async with running_sidecars(cluster, 1) as (sidecar,):
-        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        for name in (topic, other):
+            await sidecar.create_topic(name, 2, replication_factor=cluster.replication_factor)
         consumer = await create_consumer(sidecar, unique("group"), "c")
         none: dict[str, Any] = {"partitions": []}
-        named = {"partitions": [{"topic": topic, "partition": 0}]}
+        # A partition that exists but is never this instance's, whenever the group's
+        # assignment (which runs in the background after subscribing) lands.
+        named = {"partitions": [{"topic": other, "partition": 0}]}
         at = "2024-01-01T00:00:00Z"
         cases: list[tuple[str, object, int, int]] = [
             ("/positions/beginning", none, 409, 40940),  # neither subscribed nor assigned
@@ -454,18 +457,23 @@ async def test_positions_before_a_poll_or_with_nothing_assigned_are_4xx_at_once(
         for suffix, body, status, code in cases:
             answer = await consumer.call("POST", suffix, body)
             assert (answer[0], answer[1]["error_code"]) == (status, code), (suffix, answer)
-        await consumer.subscribe(topic)  # before the first poll: nothing assigned yet
+        await consumer.subscribe(topic)  # before the first poll: maybe nothing assigned yet
         for suffix in ("/positions/beginning", "/positions/end"):
             assert (await consumer.call("POST", suffix, none))[0] == 204
             answer = await consumer.call("POST", suffix, named)
             assert (answer[0], answer[1]["error_code"]) == (400, 40001), answer
         missing = unique("missing")
-        for body in (
-            {"timestamps": [{"topic": missing, "partition": 0, "timestamp": at}]},
-            {"offsets": [{"topic": topic, "partition": 0, "offset": 0}]},
-        ):
+        for body, status, code in [
+            ({"timestamps": [{"topic": missing, "partition": 0, "timestamp": at}]}, 404, 40401),
+            ({"offsets": [{"topic": topic, "partition": 9, "offset": 0}]}, 404, 40402),
+            ({"offsets": [{"topic": other, "partition": 0, "offset": 0}]}, 400, 40001),
+        ]:
             answer = await consumer.call("POST", "/positions", body)
-            assert (answer[0], answer[1]["error_code"]) == (400, 40001), answer
+            assert (answer[0], answer[1]["error_code"]) == (status, code), answer
+        answer = await consumer.call(
+            "POST", "/positions/end", {"partitions": [{"topic": missing, "partition": 0}]}
+        )
+        assert (answer[0], answer[1]["error_code"]) == (404, 40401), answer
         assert (await consumer.call("DELETE", "/subscription"))[0] == 204
         for partitions, code in [([(missing, 0)], 40401), ([(topic, 2)], 40402)]:
             body = {"partitions": [{"topic": t, "partition": p} for t, p in partitions]}
