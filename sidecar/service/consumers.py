@@ -513,6 +513,12 @@ class ConsumerInstance:
         for revocation in check.revocations:
             if not 0 < revocation.boundary <= offset:
                 continue
+            subject = (check.tp.topic, revocation.partition, revocation.generation)
+            if not self._ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
+                # Another instance may have got it acknowledged (this partition's owner
+                # before a rebalance): read the group's acknowledgements first, once per
+                # release, and never tell it while ZooKeeper cannot say (this raises).
+                await check.progress()
             pending = await self._revocation_pending(check.tp.topic, revocation)
             if pending is not None:
                 if pending not in events:
