@@ -1,7 +1,9 @@
-"""keys_revoked by callback: one call per revocation, however many paths need it at once.
+"""keys_revoked told once per revocation and group.
 
-The release loop, a commit and a rebalance listener can each find the same revocation
-unacknowledged at the same moment; the app must be called once. A real HTTP endpoint
+By callback: the release loop, a commit and a rebalance listener can each find the same
+revocation unacknowledged at the same moment; the app must be called once. And a
+partition's new owner must not tell what the group acknowledged through its previous
+owner. A real HTTP endpoint
 plays the app; the sidecar around the instance is reduced to the acknowledgements it
 writes to ZooKeeper.
 """
@@ -14,8 +16,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from aiokafka import TopicPartition
 
-from sidecar.core.errors import CallbackFailed
+from sidecar.core.errors import CallbackFailed, MetadataUnavailable
 from sidecar.core.handoff import Revocation
 from sidecar.service.consumers import ConsumerInstance, InstanceConfig
 
@@ -136,3 +139,64 @@ async def test_a_cancelled_need_leaves_the_call_to_the_others() -> None:
     finally:
         await instance.close()
         await runner.cleanup()
+
+
+class _Check:
+    """The release loop's view of one partition: its revocation points, and the group's
+    progress, whose reading refreshes the instance's record of the group's
+    acknowledgements (as ``ConsumerInstance._progress`` does)."""
+
+    def __init__(
+        self, instance: ConsumerInstance, revocation: Revocation, group_acknowledged: bool
+    ) -> None:
+        self.tp = TopicPartition("t", revocation.partition)
+        self.revocations = [revocation]
+        self.first_revocation = revocation.boundary
+        self.reads = 0
+        self._instance = instance
+        self._acknowledged = group_acknowledged
+        self.zookeeper_away = False
+
+    async def progress(self) -> None:
+        self.reads += 1
+        if self.zookeeper_away:
+            raise MetadataUnavailable()
+        if self._acknowledged:
+            instance = self._instance
+            instance._ledger = instance._ledger.with_group_revocations(
+                "t", {(self.revocations[0].partition, self.revocations[0].generation)}
+            )
+
+
+async def _events_instance() -> ConsumerInstance:
+    config = InstanceConfig(group="g", name="new-owner", format="binary")
+    sidecar: Any = SimpleNamespace(store=_Store())
+    consumers: Any = _Consumers()
+    return ConsumerInstance(config, sidecar, consumers)
+
+
+async def test_a_new_owner_does_not_tell_what_the_group_acknowledged() -> None:
+    # The partition's previous owner got keys_revoked acknowledged; the new owner
+    # delivers past the boundary with a ledger that has not read the group since.
+    instance = await _events_instance()
+    revocation = Revocation(partition=1, generation=4, boundary=20)
+    check: Any = _Check(instance, revocation, group_acknowledged=True)
+    events: list[Any] = []
+    assert await instance._revoked_before(check, 25, events)
+    assert events == []
+    assert check.reads == 1
+
+
+async def test_nothing_is_told_while_the_group_cannot_be_read() -> None:
+    instance = await _events_instance()
+    revocation = Revocation(partition=1, generation=4, boundary=20)
+    check: Any = _Check(instance, revocation, group_acknowledged=False)
+    check.zookeeper_away = True
+    events: list[Any] = []
+    with pytest.raises(MetadataUnavailable):
+        await instance._revoked_before(check, 25, events)
+    assert events == []
+    # Once it answers (and nobody acknowledged it), the new owner tells it.
+    check.zookeeper_away = False
+    assert not await instance._revoked_before(check, 25, events)
+    assert [e.kind.value for e in events] == ["keys_revoked"]
