@@ -243,6 +243,11 @@ class Sidecar:
             return self.topics[name]
         generation = state.current
         participant = Participant(generation.number, generation.undeleted_count)
+        if state.pending is not None:
+            # A change is under way whose coordinator may not count this sidecar among
+            # its participants (it registered after the barrier was published) and so
+            # will not wait for its sends: route nothing under the old generation.
+            participant = participant.barrier_published(state.pending.generation)
         if self.writer is None:
             participant = participant.producer_replaced()  # held until _recover re-reads
         runtime = TopicRuntime(name, state, participant)
