@@ -178,6 +178,13 @@ async def test_the_fence_aborts_an_open_transaction_and_the_stable_offset_passes
         assert (await committed.write(topic, [_record(0, b"live-1")])).outcomes == [
             SentRecord(0, 0)
         ]
+
+        # Kafka writes the commit marker after it answers the commit: wait for it, so
+        # that the zombie's record lands after it.
+        async def stable_at_two() -> bool:
+            return (await gateway.end_offsets(topic, 2))[0] == 2
+
+        await eventually(stable_at_two, 10, "live-1's commit marker is written")
         await zombie.begin_transaction()
         sent = await (await zombie.send(topic, b"zombie-1", key=b"k", partition=0))
         assert sent.offset == 2  # after live-1 and its commit marker
