@@ -73,9 +73,12 @@ class GroupProgress:
         source = wait.source
         if source < len(self.modes) and self.modes[source] is PartitionMode.REMOVED:
             return True
-        if self.log_start.get(source, 0) >= wait.boundary:
-            return True  # the records are gone: nobody reads them, nobody flushes
-        if self.committed.get(source, 0) < wait.boundary:
+        committed = self.committed.get(source)
+        if committed is None and self.log_start.get(source, 0) >= wait.boundary:
+            return True  # the records are gone and the group never read any of them
+        # A group that read some of them (retention may have removed them since) holds
+        # state for their keys: it must be told they moved before they are read elsewhere.
+        if max(committed or 0, self.log_start.get(source, 0)) < wait.boundary:
             return False
         through = self.revoked_through
         return through is None or through.get(source, -1) >= wait.generation
@@ -138,7 +141,10 @@ def waits_into(log: GenerationLog, partition: int, generation: int) -> tuple[Wai
         seen.add(node)
         for wait in direct_waits(log, *node):
             held = strongest.get(wait.source)
-            if held is None or wait.boundary > held.boundary:
+            # Of two waits on one source at the same boundary (nothing was written to it
+            # between the two changes), the newer: the gate holds until every keys_revoked
+            # of the source up to that change is acknowledged, not only the older one's.
+            if held is None or (wait.boundary, wait.generation) > (held.boundary, held.generation):
                 strongest[wait.source] = wait
             # What a record of the source in the generation before the change waits for.
             pending.append((wait.source, wait.generation - 1))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.core.gate import GroupProgress, Wait, gate, waits_into
+from sidecar.core.gate import GroupProgress, Wait, direct_waits, gate, waits_into
 from sidecar.core.generations import Boundary, ChangeKind, GenerationLog, PartitionMode
 from sidecar.core.handoff import revocation_points, revocations_due, revoked_through
 from sidecar.core.routing import linear_hash_partition
@@ -59,6 +59,23 @@ def modes_of(log: GenerationLog) -> list[PartitionMode]:
     return [
         RW if p < log.current.undeleted_count else RO for p in range(log.current.physical_count)
     ]
+
+
+def every_wait_into(log: GenerationLog, partition: int, generation: int) -> list[Wait]:
+    """Every direct wait reachable from ``(partition, generation)``, none merged: the
+    oracle the gate's one-wait-per-source reduction is checked against."""
+    found: list[Wait] = []
+    seen: set[tuple[int, int]] = set()
+    pending = [(partition, generation)]
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for wait in direct_waits(log, *node):
+            found.append(wait)
+            pending.append((wait.source, wait.generation - 1))
+    return found
 
 
 @st.composite
@@ -127,7 +144,7 @@ def test_gated_group_delivers_everything_in_per_key_order(
             committed[partition] = delivered[partition]
             continue
         generation = log.generation_of(partition, delivered[partition])
-        for wait in waits_into(log, partition, generation):
+        for wait in every_wait_into(log, partition, generation):
             # Hand-off order: the keys' previous partition told its app they moved away.
             for revocation in revocation_points(log, wait.source):
                 if revocation.generation <= wait.generation and revocation.boundary > 0:
@@ -186,6 +203,53 @@ def test_log_start_and_removed_partitions_count_as_consumed() -> None:
     assert gate(log, removed, 1, 0).open
     neither = GroupProgress(committed={0: 3}, log_start={0: 3}, modes=[RW, RW])
     assert not gate(log, neither, 1, 0).open
+
+
+def test_records_the_group_read_before_retention_removed_them_still_need_the_hand_off() -> None:
+    """Seen in a chaos run: retention moved a source's log start past its boundary after
+    the group had read it, and the destination opened before keys_revoked was told."""
+    log = GenerationLog.start(1)
+    log = log.append(log.next_generation(2, [Boundary(4), Boundary(0)]))
+    read_then_removed = GroupProgress(
+        committed={0: 2}, log_start={0: 6}, modes=[RW, RW], revoked_through={0: 0, 1: 1}
+    )
+    assert gate(log, read_then_removed, 1, 0).unmet == (Wait(0, 4, 1, ChangeKind.EXPANSION),)
+    told = GroupProgress(
+        committed={0: 2}, log_start={0: 6}, modes=[RW, RW], revoked_through={0: 1, 1: 1}
+    )
+    assert gate(log, told, 1, 0).open
+    never_read = GroupProgress(
+        committed={}, log_start={0: 6}, modes=[RW, RW], revoked_through={0: 0, 1: 1}
+    )
+    assert gate(log, never_read, 1, 0).open
+
+
+def test_of_two_waits_on_one_boundary_the_newer_change_counts() -> None:
+    """Seen in a chaos run: partition 2 got nothing between two shrinks that both moved
+    its keys to 0, so both waits sat at one boundary; the gate kept the older one and
+    opened once its keys_revoked was acknowledged, before the newer one's was told."""
+    log = GenerationLog.start(2)
+    log = log.append(log.next_generation(3, [Boundary(0)] * 3))
+    log = log.append(log.next_generation(2, [Boundary(5), Boundary(5), Boundary(7)]))
+    log = log.append(log.next_generation(3, [Boundary(5), Boundary(5), Boundary(7)]))
+    log = log.append(log.next_generation(2, [Boundary(6), Boundary(6), Boundary(7)]))
+    assert [(r.generation, r.boundary) for r in revocation_points(log, 2)] == [(2, 7), (4, 7)]
+    assert [w for w in waits_into(log, 0, 4) if w.source == 2] == [Wait(2, 7, 4, ChangeKind.SHRINK)]
+    modes, committed = [RW, RW, RO], {0: 6, 1: 6, 2: 7}
+    older_told = GroupProgress(
+        committed=committed,
+        log_start={},
+        modes=modes,
+        revoked_through=revoked_through(log, {(0, 3), (2, 2)}),
+    )
+    assert gate(log, older_told, 0, 6).unmet == (Wait(2, 7, 4, ChangeKind.SHRINK),)
+    both_told = GroupProgress(
+        committed=committed,
+        log_start={},
+        modes=modes,
+        revoked_through=revoked_through(log, {(0, 3), (2, 2), (2, 4)}),
+    )
+    assert gate(log, both_told, 0, 6).open
 
 
 @given(topic=topics())
