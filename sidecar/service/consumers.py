@@ -395,9 +395,9 @@ class ConsumerInstance:
             taken = self._partitions.get(tp)
             if taken is None:
                 continue  # revoked by a rebalance while the fetch ran
-            position = fetch_position(consumer, tp)
-            if position is not None:
-                taken.fetched_to = position
+            # None while a reassigned partition's position is being reset: a position
+            # from before the rebalance would count records never delivered as skipped.
+            taken.fetched_to = fetch_position(consumer, tp)
             taken.skip_invisible()
 
     async def _release(self, max_bytes: int | None) -> PollResult:
@@ -497,6 +497,10 @@ class ConsumerInstance:
             if state is not None:
                 state.buffer.clear()
                 state.delivered = min(state.delivered or record.offset, record.offset)
+                # The buffer no longer reaches the old fetch position: were the partition
+                # assigned here again, skip_invisible would count the dropped records as
+                # skipped, and the refetch would discard them as seen.
+                state.fetched_to = None
         return PollResult(kept, result.events, result.notices)
 
     async def _revoked_before(

@@ -1,0 +1,104 @@
+"""A partition's delivered position across a rebalance that drops released records.
+
+Seen in a chaos run: an instance released records of a partition, found it no longer
+assigned (lost in a rebalance without a revocation) and put them back for the new
+owner; the partition came back to the same instance, whose next fetch ran before the
+position was reset. The stale fetch position counted the dropped records as skipped
+and the refetch discarded them as seen: ten acknowledged records never reached the
+group, and later records of their keys did. The consumer is a fake with aiokafka's
+surface; the instance is real.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from sidecar.service.consumers import ConsumerInstance, InstanceConfig, PollResult, _delivered
+
+TP = TopicPartition("t", 4)
+
+
+class _Position:
+    def __init__(self, position: int | None) -> None:
+        self.position = position
+
+    @property
+    def has_valid_position(self) -> bool:
+        return self.position is not None
+
+
+class _Consumer:
+    """What the instance reads of aiokafka's consumer: the assignment, positions, fetches."""
+
+    def __init__(self) -> None:
+        self.assigned: set[TopicPartition] = set()
+        self.positions: dict[TopicPartition, _Position] = {}
+        self.next_fetch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {}
+
+    def assign(self, position: int | None) -> None:
+        self.assigned = {TP}
+        self.positions = {TP: _Position(position)}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    @property
+    def _subscription(self) -> Any:
+        assignment = SimpleNamespace(tps=self.assigned, state_value=self.positions.__getitem__)
+        return SimpleNamespace(subscription=SimpleNamespace(assignment=assignment))
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        pass
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        pass
+
+    async def getmany(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
+        fetched, self.next_fetch = self.next_fetch, {}
+        for tp, records in fetched.items():
+            self.positions[tp].position = records[-1].offset + 2  # a commit marker after
+        return fetched
+
+
+def _records(first: int, last: int) -> list[ConsumerRecord[bytes, bytes]]:
+    return [
+        ConsumerRecord("t", 4, offset, 0, 0, b"k", b"v", None, 1, 1, [])
+        for offset in range(first, last + 1)
+    ]
+
+
+async def test_records_dropped_for_a_lost_partition_are_fetched_again_when_it_returns() -> None:
+    consumer = _Consumer()
+    config = InstanceConfig(group="g", name="i", format="binary")
+    unused: Any = SimpleNamespace()
+    instance = ConsumerInstance(config, unused, unused)
+    instance._consumer = consumer
+
+    consumer.assign(871)
+    consumer.next_fetch = {TP: _records(871, 889)}
+    await instance._fetch(consumer, 0.01)
+    state = instance._partitions[TP]
+    assert [r.offset for r in state.buffer] == list(range(871, 890))
+    assert state.fetched_to == 891
+
+    # Released, then the partition is found gone: the records go back for its next owner.
+    released = [_delivered(state.buffer.popleft()) for _ in range(len(state.buffer))]
+    consumer.assigned = set()
+    kept = instance._still_assigned(PollResult(released, []))
+    assert kept.records == []
+    assert state.delivered == 871
+
+    # Assigned here again; the first fetch runs before the position is reset.
+    consumer.assign(None)
+    await instance._fetch(consumer, 0.01)
+    assert instance._partitions[TP].delivered == 871
+
+    # Reset to the group's committed offset: the same records come back and are kept.
+    consumer.positions[TP].position = 871
+    consumer.next_fetch = {TP: _records(871, 889)}
+    await instance._fetch(consumer, 0.01)
+    assert [r.offset for r in instance._partitions[TP].buffer] == list(range(871, 890))
