@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -784,9 +784,11 @@ class ConsumerInstance:
         generation: int,
         *,
         patient: bool = True,
+        still_needed: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         """POST the hand-off event and wait for a 2xx; retried for 30 s if ``patient``,
-        else for one callback timeout. Raises CallbackFailed."""
+        else for one callback timeout. ``still_needed`` is asked before every attempt
+        (False: done without calling). Raises CallbackFailed."""
         body = {
             "type": kind.value,
             "group": self.config.group,
@@ -798,7 +800,9 @@ class ConsumerInstance:
         within_s = self.config.callback_timeout_s
         if patient:
             within_s = max(30.0, within_s)
-        failure = await self._post_callback(kind, body, within_s=within_s)
+        failure = await self._post_callback(
+            kind, body, within_s=within_s, still_needed=still_needed
+        )
         if failure is not None:
             raise CallbackFailed(
                 f"{kind.value} callback for {topic}[{partition}] failed: {failure}; "
@@ -806,7 +810,12 @@ class ConsumerInstance:
             )
 
     async def _post_callback(
-        self, kind: HandoffKind | AssignmentChange, body: dict[str, Any], *, within_s: float
+        self,
+        kind: HandoffKind | AssignmentChange,
+        body: dict[str, Any],
+        *,
+        within_s: float,
+        still_needed: Callable[[], Awaitable[bool]] | None = None,
     ) -> str | None:
         """POST ``body`` until a 2xx, retrying for ``within_s``; None, or the last failure."""
         assert self.config.callback_url is not None
@@ -814,6 +823,14 @@ class ConsumerInstance:
             self._http = aiohttp.ClientSession()
         deadline = time.monotonic() + within_s
         while True:
+            try:
+                if still_needed is not None and not await still_needed():
+                    return None
+            except SidecarError as exc:
+                if time.monotonic() >= deadline:
+                    return exc.message
+                await asyncio.sleep(CALLBACK_RETRY_S)
+                continue
             began = time.monotonic()
             try:
                 async with self._http.post(
@@ -1006,7 +1023,19 @@ class ConsumerInstance:
                     raise
 
     async def _call_back_revoked(self, subject: tuple[str, int, int], *, patient: bool) -> None:
-        await self._call_back(HandoffKind.KEYS_REVOKED, *subject, patient=patient)
+        topic, partition, generation = subject
+
+        async def not_acknowledged_yet() -> bool:
+            # Asked again before every attempt: a call that waited (a retry, a rebalance,
+            # a process paused past its sessions) may find that the partition's new owner
+            # got it acknowledged meanwhile. While ZooKeeper cannot say, nothing is sent.
+            group = await self.sidecar.store.acknowledged_revocations(self.config.group, topic)
+            self._ledger = self._ledger.with_group_revocations(topic, group)
+            return (partition, generation) not in group
+
+        await self._call_back(
+            HandoffKind.KEYS_REVOKED, *subject, patient=patient, still_needed=not_acknowledged_yet
+        )
         # Noted before the call counts as ended, so that no caller in between finds it
         # neither acknowledged nor under way and calls the app again.
         self._ledger = self._ledger.with_group_revocations(subject[0], {subject[1:]})

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiokafka import TopicPartition
 
 from sidecar.core.errors import CallbackFailed, MetadataUnavailable
-from sidecar.core.handoff import Revocation
+from sidecar.core.handoff import HandoffKind, Revocation
 from sidecar.service.consumers import ConsumerInstance, InstanceConfig
 
 
@@ -32,9 +32,11 @@ class _App:
         self.refuse_s = refuse_s
         self.delay_s = delay_s
         self._first: float | None = None
+        self.called = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
         self.calls.append(await request.json())
+        self.called.set()
         now = asyncio.get_running_loop().time()
         if self._first is None:
             self._first = now
@@ -45,13 +47,26 @@ class _App:
 
 
 class _Store:
+    """The group's keys_revoked acknowledgements, as ZooKeeper holds them."""
+
     def __init__(self) -> None:
         self.acknowledged: list[tuple[str, str, int, int]] = []
+        self.away = False
+        self.reads = 0
+        self.read_thrice = asyncio.Event()
 
     async def acknowledge_revocation(
         self, group: str, topic: str, partition: int, generation: int
     ) -> None:
         self.acknowledged.append((group, topic, partition, generation))
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
+        self.reads += 1
+        if self.reads >= 3:
+            self.read_thrice.set()
+        if self.away:
+            raise MetadataUnavailable()
+        return {(p, g) for (gr, t, p, g) in self.acknowledged if (gr, t) == (group, topic)}
 
 
 class _Consumers:
@@ -135,6 +150,43 @@ async def test_a_cancelled_need_leaves_the_call_to_the_others() -> None:
         await asyncio.sleep(0.05)
         first.cancel()
         assert await second is None
+        assert len(app.calls) == 1
+    finally:
+        await instance.close()
+        await runner.cleanup()
+
+
+async def test_a_call_stops_once_another_instance_got_it_acknowledged() -> None:
+    # The app refuses; between attempts the partition's new owner (another instance of
+    # the group) gets the same keys_revoked acknowledged: this call stops calling.
+    app = _App(refuse_s=10.0, delay_s=0.0)
+    instance, runner, store = await _instance(app)
+    revocation = Revocation(partition=3, generation=5, boundary=7)
+    try:
+        call = asyncio.create_task(instance._revocation_pending("t", revocation))
+        await app.called.wait()
+        store.acknowledged.append(("g", "t", 3, 5))
+        assert await call is None
+        assert len(app.calls) == 1
+        assert instance._ledger.acknowledged(HandoffKind.KEYS_REVOKED, "t", 3, 5)
+    finally:
+        await instance.close()
+        await runner.cleanup()
+
+
+async def test_no_call_is_made_while_the_group_cannot_be_read() -> None:
+    # A sidecar resumed after a pause, its ZooKeeper session gone: it cannot tell
+    # whether the partition's new owner got the revocation acknowledged, so it waits.
+    app = _App(delay_s=0.0)
+    instance, runner, store = await _instance(app)
+    store.away = True
+    revocation = Revocation(partition=0, generation=2, boundary=3)
+    try:
+        call = asyncio.create_task(instance._revocation_pending("t", revocation))
+        await asyncio.wait_for(store.read_thrice.wait(), 30)
+        assert app.calls == []
+        store.away = False
+        assert await call is None
         assert len(app.calls) == 1
     finally:
         await instance.close()
