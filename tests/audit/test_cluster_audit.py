@@ -222,7 +222,9 @@ async def run(
 
             await bypass_the_sidecars(cluster, topic)
             delivered_before = len(ledger.delivered)
-            deadline = time.monotonic() + 30
+            # Generous: on a loaded machine a fresh cluster's group coordinator can move
+            # for tens of seconds, and this is not what the test measures.
+            deadline = time.monotonic() + 90
             while len(ledger.delivered) < delivered_before + len(ROGUE_KEYS):
                 assert time.monotonic() < deadline, "the group never got the bypassing records"
                 await asyncio.sleep(0.2)
