@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sidecar.core.generations import ChangeKind, GenerationLog, PartitionMode
 from sidecar.core.routing import expansion_blocker, shrink_blockers
@@ -42,6 +43,15 @@ class Wait:
     boundary: int
     generation: int
     kind: ChangeKind
+
+
+class WaitKey(NamedTuple):
+    """A wait one consumer instance announces: its group needs ``source`` of ``topic``
+    consumed up to ``boundary``."""
+
+    topic: str
+    source: int
+    boundary: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
+from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import BadRequest
 from sidecar.core.gate import waits_into
 from sidecar.core.generations import GenerationLog
@@ -46,6 +47,42 @@ class AssignmentChange(StrEnum):
 
     PARTITIONS_REVOKED = "partitions_revoked"
     PARTITIONS_ASSIGNED = "partitions_assigned"
+
+
+class Subject(NamedTuple):
+    """What one hand-off event is about: keys of ``partition`` of ``topic`` at generation
+    change ``generation``."""
+
+    topic: str
+    partition: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentNotice:
+    """Partitions a rebalance gave to an instance or took from it."""
+
+    kind: AssignmentChange
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffCallback:
+    """A key hand-off told to the app's callback URL (encoded by the HTTP layer)."""
+
+    kind: HandoffKind
+    group: str
+    instance_id: str
+    subject: Subject
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentCallback:
+    """A rebalance told to the app's callback URL (encoded by the HTTP layer)."""
+
+    group: str
+    instance_id: str
+    notice: AssignmentNotice
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +180,8 @@ class HandoffEvent:
     generation: int
 
     @property
-    def subject(self) -> tuple[str, int, int]:
-        return (self.topic, self.partition, self.generation)
+    def subject(self) -> Subject:
+        return Subject(self.topic, self.partition, self.generation)
 
 
 @dataclass(frozen=True, slots=True)

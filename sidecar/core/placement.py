@@ -34,6 +34,18 @@ RELOCATION_HEADER: Final = "ordered.relocation"
 Header = tuple[str, bytes | None]
 
 
+def header_value(headers: Sequence[Header], name: str) -> bytes | None:
+    """The value of the first header called ``name``, or None (absent, or null).
+
+    The one reader of the headers this module writes: the consume path, the Kafka
+    gateway and the audit read them through here.
+    """
+    for key, value in headers:
+        if key == name:
+            return bytes(value) if value is not None else None
+    return None
+
+
 def place_record(
     *,
     log: GenerationLog,
