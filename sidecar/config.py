@@ -99,6 +99,28 @@ class ProduceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """The consume path's tunables (REST consumer instances)."""
+
+    gate_recheck_s: float = 0.05
+    """How often a waiting poll re-reads the group's committed offsets."""
+    buffer_limit: int = 2000
+    """Records buffered per partition before fetching from it pauses."""
+    auto_commit_interval_s: float = 5.0
+    """How often an auto-committing instance commits what it delivered."""
+    metadata_max_age_ms: int = 3000
+    """How soon an instance's Kafka consumer notices added partitions (and rebalances)."""
+    revoke_ack_wait_s: float = 10.0
+    """How long a rebalance waits for the app to acknowledge keys_revoked events."""
+    fetch_grace_s: float = 0.05
+    """How much longer than its own timeout a poll waits for the Kafka fetch."""
+    callback_retry_s: float = 0.2
+    """Pause between attempts of a hand-off callback."""
+    instance_idle_timeout_s: float = 300.0
+    """A consumer instance unused this long is closed (REST Proxy's instance timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
 class AuditSettings:
     enabled: bool = False
     topic: str = "ordered-sidecar-audit"
@@ -129,6 +151,7 @@ class Settings:
     zookeeper: ZooKeeperSettings = field(default_factory=ZooKeeperSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     produce: ProduceSettings = field(default_factory=ProduceSettings)
+    consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
 
@@ -175,6 +198,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "zookeeper": ZooKeeperSettings,
     "http": HttpSettings,
     "produce": ProduceSettings,
+    "consumer": ConsumerSettings,
     "audit": AuditSettings,
     "faults": FaultSettings,
 }
@@ -273,6 +297,25 @@ def _validate_http_limits(values: HttpSettings) -> None:
             raise ConfigError(f"http.{name} must be positive, got {getattr(values, name)}")
 
 
+def _validate_consumer(values: ConsumerSettings) -> None:
+    if values.buffer_limit < 1:
+        raise ConfigError(f"consumer.buffer_limit must be at least 1, got {values.buffer_limit}")
+    for name in (
+        "gate_recheck_s",
+        "auto_commit_interval_s",
+        "metadata_max_age_ms",
+        "revoke_ack_wait_s",
+        "callback_retry_s",
+        "instance_idle_timeout_s",
+    ):
+        if not getattr(values, name) > 0:
+            raise ConfigError(f"consumer.{name} must be positive, got {getattr(values, name)}")
+    if values.fetch_grace_s < 0:
+        raise ConfigError(
+            f"consumer.fetch_grace_s must not be negative, got {values.fetch_grace_s}"
+        )
+
+
 def _validate(section: str, values: Any) -> None:
     if section == "http" and not 0 <= values.port <= 65535:
         raise ConfigError(f"http.port must be between 0 and 65535, got {values.port}")
@@ -297,5 +340,7 @@ def _validate(section: str, values: Any) -> None:
         raise ConfigError(
             "kafka.request_timeout_ms and kafka.transaction_timeout_ms must be positive"
         )
+    if section == "consumer":
+        _validate_consumer(values)
     if section == "kafka" and values.replication_margin_ms < 0:
         raise ConfigError("kafka.replication_margin_ms must not be negative")
