@@ -1,0 +1,261 @@
+"""The consume path's one Kafka group consumer (aiokafka), behind core types.
+
+Builds the ``AIOKafkaConsumer`` a consumer instance reads with (read-committed, the
+ordered assignor, short metadata age), relays its rebalance listener to a
+``RebalanceHandler``, and translates aiokafka's errors into ``KafkaUnavailable``. The
+service sees only ``sidecar.core.consume`` types; partitions go in and out as the
+core's ``TopicPartition`` and records as aiokafka returns them (they have the
+``ConsumedRecord`` shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
+
+from sidecar.config import KafkaSettings
+from sidecar.core.assignment import assign
+from sidecar.core.consume import ConsumedRecord, TopicPartition
+from sidecar.core.errors import KafkaUnavailable
+from sidecar.core.generations import PartitionMode
+
+Fetched = dict[TopicPartition, list[ConsumedRecord]]
+
+
+class RebalanceHandler(Protocol):
+    """What a consumer instance does when its group rebalances (awaited by aiokafka)."""
+
+    async def partitions_revoked(self, partitions: set[TopicPartition]) -> None: ...
+
+    async def partitions_assigned(self, partitions: set[TopicPartition]) -> None: ...
+
+
+@dataclass(frozen=True)
+class GroupConsumerOptions:
+    """What one consumer instance asks of its Kafka consumer."""
+
+    group: str
+    client_suffix: str
+    """Appended to the sidecar's client id (the instance's name)."""
+    auto_offset_reset: str
+    fetch_min_bytes: int
+    metadata_max_age_ms: int
+
+
+def ordered_assignor(
+    modes_of: Callable[[str], Sequence[PartitionMode] | None],
+) -> type[AbstractPartitionAssignor]:
+    """An aiokafka assignor class that balances read-write and read-only partitions
+    separately (``sidecar.core.assignment``), with ``modes_of`` as the sidecar's view
+    of the managed topics' modes."""
+
+    class OrderedAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+        name = "ordered-sidecar"
+        version = 0
+
+        @classmethod
+        def assign(
+            cls, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata]
+        ) -> dict[str, ConsumerProtocolMemberAssignment]:
+            subscriptions = {m: frozenset(meta.subscription) for m, meta in members.items()}
+            counts = {}
+            for topic in {t for topics in subscriptions.values() for t in topics}:
+                partitions = cluster.partitions_for_topic(topic)
+                if partitions is not None:
+                    counts[topic] = len(partitions)
+            result = assign(subscriptions, counts, modes_of)
+            assignment = {}
+            for member, pairs in result.items():
+                by_topic: dict[str, list[int]] = {}
+                for topic, partition in pairs:
+                    by_topic.setdefault(topic, []).append(partition)
+                assignment[member] = ConsumerProtocolMemberAssignment(
+                    cls.version, sorted(by_topic.items()), b""
+                )
+            return assignment
+
+        @classmethod
+        def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+            return ConsumerProtocolMemberMetadata(cls.version, list(topics), b"")
+
+        @classmethod
+        def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
+            pass
+
+    return OrderedAssignor
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, handler: RebalanceHandler) -> None:
+        self.handler = handler
+
+    async def on_partitions_revoked(self, revoked: Iterable[KafkaTopicPartition]) -> None:
+        await self.handler.partitions_revoked(_core_set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Iterable[KafkaTopicPartition]) -> None:
+        await self.handler.partitions_assigned(_core_set(assigned))
+
+
+class GroupConsumer:
+    """One started aiokafka consumer. Every method that talks to Kafka raises
+    KafkaUnavailable for what aiokafka raises."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self._consumer = consumer
+
+    @classmethod
+    async def start(
+        cls,
+        settings: KafkaSettings,
+        options: GroupConsumerOptions,
+        assignor: type[AbstractPartitionAssignor],
+    ) -> GroupConsumer:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id=f"{settings.client_id}-{options.client_suffix}",
+            group_id=options.group,
+            enable_auto_commit=False,
+            auto_offset_reset=options.auto_offset_reset,
+            # Managed topics are written in transactions: what a fenced (zombie)
+            # sidecar sent is aborted, and must never be read.
+            isolation_level="read_committed",
+            partition_assignment_strategy=(assignor,),
+            # Added partitions are noticed (and the group rebalanced) within seconds.
+            metadata_max_age_ms=options.metadata_max_age_ms,
+            request_timeout_ms=settings.request_timeout_ms,
+            fetch_min_bytes=options.fetch_min_bytes,
+            **dict(settings.client),
+        )
+        try:
+            await consumer.start()
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"cannot start a consumer: {exc}") from exc
+        return cls(consumer)
+
+    # Subscription and assignment ----------------------------------------------------------
+
+    def subscribe(
+        self, topics: Sequence[str], pattern: str | None, handler: RebalanceHandler
+    ) -> None:
+        if pattern is None:
+            self._consumer.subscribe(topics=list(topics), listener=_Listener(handler))
+        else:
+            self._consumer.subscribe(pattern=pattern, listener=_Listener(handler))
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        self._consumer.assign(_kafka_list(partitions))
+
+    def subscription(self) -> set[str]:
+        return set(self._consumer.subscription())
+
+    def assignment(self) -> set[TopicPartition]:
+        return _core_set(self._consumer.assignment())
+
+    def request_rejoin(self) -> None:
+        """Ask the group to rebalance: what aiokafka's coordinator itself calls when its
+        metadata changes (it does not when only the assignor's answer would)."""
+        self._consumer._coordinator.request_rejoin()
+
+    # Fetching -----------------------------------------------------------------------------
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        self._consumer.pause(*_kafka_list(partitions))
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        self._consumer.resume(*_kafka_list(partitions))
+
+    async def getmany(self, timeout_ms: int) -> Fetched:
+        try:
+            batches = await self._consumer.getmany(timeout_ms=timeout_ms)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"fetching failed: {exc}") from exc
+        return {TopicPartition(tp.topic, tp.partition): records for tp, records in batches.items()}
+
+    def fetch_position(self, tp: TopicPartition) -> int | None:
+        """The consumer's position in ``tp`` (the offset after the last record, marker or
+        aborted record its fetches returned), or None while it is unknown or ``tp`` is
+        not assigned. ``AIOKafkaConsumer.position`` waits while a position is being
+        reset; the release path must not, so this reads the same state without waiting."""
+        subscription = self._consumer._subscription.subscription
+        assignment = None if subscription is None else subscription.assignment
+        kafka_tp = KafkaTopicPartition(tp.topic, tp.partition)
+        if assignment is None or kafka_tp not in assignment.tps:
+            return None
+        state = assignment.state_value(kafka_tp)
+        return int(state.position) if state.has_valid_position else None
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        highwater = self._consumer.highwater(KafkaTopicPartition(tp.topic, tp.partition))
+        return None if highwater is None else int(highwater)
+
+    # Offsets and positions ----------------------------------------------------------------
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        to_commit = {
+            KafkaTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(offset, "")
+            for tp, offset in offsets.items()
+        }
+        try:
+            await self._consumer.commit(to_commit)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"commit failed: {exc}") from exc
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        try:
+            offset = await self._consumer.committed(KafkaTopicPartition(tp.topic, tp.partition))
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"reading committed offsets failed: {exc}") from exc
+        return None if offset is None else int(offset)
+
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int | None]:
+        """The first offset at or after each time, None where no record is."""
+        try:
+            found = await self._consumer.offsets_for_times(
+                {KafkaTopicPartition(tp.topic, tp.partition): ts for tp, ts in timestamps.items()}
+            )
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"looking up offsets by time failed: {exc}") from exc
+        return {
+            TopicPartition(tp.topic, tp.partition): None if hit is None else int(hit.offset)
+            for tp, hit in found.items()
+        }
+
+    async def end_offset(self, tp: TopicPartition) -> int:
+        kafka_tp = KafkaTopicPartition(tp.topic, tp.partition)
+        return int((await self._consumer.end_offsets([kafka_tp]))[kafka_tp])
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._consumer.seek(KafkaTopicPartition(tp.topic, tp.partition), offset)
+
+    async def seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None:
+        if beginning:
+            await self._consumer.seek_to_beginning(*_kafka_list(partitions))
+        else:
+            await self._consumer.seek_to_end(*_kafka_list(partitions))
+
+    async def position(self, tp: TopicPartition) -> int:
+        return int(await self._consumer.position(KafkaTopicPartition(tp.topic, tp.partition)))
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+
+def _core_set(partitions: Iterable[KafkaTopicPartition]) -> set[TopicPartition]:
+    return {TopicPartition(tp.topic, tp.partition) for tp in partitions}
+
+
+def _kafka_list(partitions: Iterable[TopicPartition]) -> list[KafkaTopicPartition]:
+    return [KafkaTopicPartition(tp.topic, tp.partition) for tp in partitions]
