@@ -20,6 +20,7 @@ from aiohttp import web
 
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.compose import build_consumers
 from sidecar.config import Settings
 from sidecar.core.errors import SidecarError
 from sidecar.core.procedures import Phase
@@ -30,7 +31,6 @@ from sidecar.http.consumer_routes import add_routes as add_consumer_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
-from sidecar.service.consumers import Consumers
 from sidecar.service.retirement import Retirer
 from sidecar.service.sidecar import Sidecar
 
@@ -66,7 +66,9 @@ class SidecarServer:
             audit=self.sidecar.audit,
         )
         self.retirer = Retirer(settings.sidecar_id, self.store, self.kafka, self.metrics)
-        self.consumers = Consumers(self.sidecar)
+        self.consumers = build_consumers(
+            self.settings, self.sidecar, self.store, self.kafka, self.metrics
+        )
         self.app = build_app(settings, self.sidecar, self.admin, self.changes, self.metrics)
         add_consumer_routes(self.app, self.consumers)
         self.connections = ConnectionGuard(

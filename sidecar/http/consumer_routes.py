@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Final
 
 from aiohttp import web
-from aiokafka import TopicPartition
 
+from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import SidecarError
 from sidecar.http.consumer_codec import (
     AssignmentNotice,
@@ -40,12 +40,8 @@ from sidecar.http.consumer_codec import (
 )
 from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE, EmbeddedFormat
 from sidecar.http.topic_routes import TOPICS_KEY
-from sidecar.service.consumers import (
-    ConsumerInstance,
-    Consumers,
-    InstanceConfig,
-    new_instance_name,
-)
+from sidecar.service.consumers import Consumers, new_instance_name
+from sidecar.service.instance import ConsumerInstance, InstanceConfig
 
 CONSUMERS_KEY: Final = web.AppKey("consumers", Consumers)
 

@@ -1,26 +1,26 @@
-"""keys_revoked told once per revocation and group.
+"""keys_revoked told once per revocation and group (``sidecar.service.handoff``).
 
 By callback: the release loop, a commit and a rebalance listener can each find the same
-revocation unacknowledged at the same moment; the app must be called once. And a
-partition's new owner must not tell what the group acknowledged through its previous
-owner. A real HTTP endpoint
-plays the app; the sidecar around the instance is reduced to the acknowledgements it
-writes to ZooKeeper.
+revocation unacknowledged at the same moment; the app must be called once. A real HTTP
+endpoint plays the app, called through the real callback client; the sidecar around the
+teller is reduced to the acknowledgements it writes to ZooKeeper. (That a partition's
+new owner does not tell what the group acknowledged through its previous owner is in
+``test_release.py``.)
 """
 
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiokafka import TopicPartition
 
+from sidecar.adapters.callbacks import CallbackClient
 from sidecar.core.errors import CallbackFailed, MetadataUnavailable
 from sidecar.core.handoff import HandoffKind, Revocation
-from sidecar.service.consumers import ConsumerInstance, InstanceConfig
+from sidecar.http.callback_codec import encode_callback
+from sidecar.service.handoff import HandoffTeller
 
 
 class _App:
@@ -69,12 +69,11 @@ class _Store:
         return {(p, g) for (gr, t, p, g) in self.acknowledged if (gr, t) == (group, topic)}
 
 
-class _Consumers:
-    def callback_done(self, kind: object, seconds: float, ok: bool) -> None:
-        pass
+def _attempted(message: object, seconds: float, ok: bool) -> None:
+    pass
 
 
-async def _instance(app: _App) -> tuple[ConsumerInstance, web.AppRunner, _Store]:
+async def _teller(app: _App) -> tuple[HandoffTeller, web.AppRunner, _Store]:
     server = web.Application()
     server.router.add_post("/hand-off", app.handle)
     runner = web.AppRunner(server)
@@ -82,37 +81,42 @@ async def _instance(app: _App) -> tuple[ConsumerInstance, web.AppRunner, _Store]
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    config = InstanceConfig(
-        group="g",
-        name="i",
-        format="binary",
-        callback_url=f"http://127.0.0.1:{port}/hand-off",
-        callback_timeout_s=0.5,
+    client = CallbackClient(
+        f"http://127.0.0.1:{port}/hand-off",
+        timeout_s=0.5,
+        retry_s=0.2,
+        encode=encode_callback,
+        observe=_attempted,
     )
     store = _Store()
-    sidecar: Any = SimpleNamespace(store=store)
-    consumers: Any = _Consumers()
-    return ConsumerInstance(config, sidecar, consumers), runner, store
+    group_store: Any = store
+    return HandoffTeller("g", "i", group_store, client), runner, store
+
+
+async def _close(teller: HandoffTeller) -> None:
+    await teller.close()
+    if teller.callbacks is not None:
+        await teller.callbacks.close()
 
 
 async def test_needs_at_once_call_the_app_once() -> None:
     app = _App()
-    instance, runner, store = await _instance(app)
+    teller, runner, store = await _teller(app)
     revocation = Revocation(partition=0, generation=1, boundary=10)
     try:
         answers = await asyncio.gather(
-            instance._revocation_pending("t", revocation, patient=False),
-            instance._revocation_pending("t", revocation),
-            instance._revocation_pending("t", revocation),
+            teller.revocation_pending("t", revocation, patient=False),
+            teller.revocation_pending("t", revocation),
+            teller.revocation_pending("t", revocation),
         )
         assert list(answers) == [None, None, None]
         assert len(app.calls) == 1, app.calls
         # Known from now on: a later need calls nobody.
-        assert await instance._revocation_pending("t", revocation) is None
+        assert await teller.revocation_pending("t", revocation) is None
         assert len(app.calls) == 1
         assert ("g", "t", 0, 1) in store.acknowledged
     finally:
-        await instance.close()
+        await _close(teller)
         await runner.cleanup()
 
 
@@ -120,14 +124,12 @@ async def test_a_patient_need_calls_again_when_the_impatient_call_fails() -> Non
     # The impatient call is tried for one callback timeout (0.5 s) and refused throughout;
     # the patient need that joined it then calls with its own patience and gets through.
     app = _App(refuse_s=1.0)
-    instance, runner, store = await _instance(app)
+    teller, runner, store = await _teller(app)
     revocation = Revocation(partition=2, generation=3, boundary=40)
     try:
-        impatient = asyncio.create_task(
-            instance._revocation_pending("t", revocation, patient=False)
-        )
+        impatient = asyncio.create_task(teller.revocation_pending("t", revocation, patient=False))
         await asyncio.sleep(0.05)  # the impatient call is under way
-        patient = asyncio.create_task(instance._revocation_pending("t", revocation))
+        patient = asyncio.create_task(teller.revocation_pending("t", revocation))
         with pytest.raises(CallbackFailed):
             await impatient
         refused = len(app.calls)
@@ -135,24 +137,24 @@ async def test_a_patient_need_calls_again_when_the_impatient_call_fails() -> Non
         assert len(app.calls) > refused  # called again, and the app acknowledged it
         assert store.acknowledged == [("g", "t", 2, 3)]
     finally:
-        await instance.close()
+        await _close(teller)
         await runner.cleanup()
 
 
 async def test_a_cancelled_need_leaves_the_call_to_the_others() -> None:
     app = _App(delay_s=0.2)
-    instance, runner, _ = await _instance(app)
+    teller, runner, _ = await _teller(app)
     revocation = Revocation(partition=1, generation=2, boundary=5)
     try:
-        first = asyncio.create_task(instance._revocation_pending("t", revocation))
+        first = asyncio.create_task(teller.revocation_pending("t", revocation))
         await asyncio.sleep(0.05)
-        second = asyncio.create_task(instance._revocation_pending("t", revocation))
+        second = asyncio.create_task(teller.revocation_pending("t", revocation))
         await asyncio.sleep(0.05)
         first.cancel()
         assert await second is None
         assert len(app.calls) == 1
     finally:
-        await instance.close()
+        await _close(teller)
         await runner.cleanup()
 
 
@@ -160,17 +162,17 @@ async def test_a_call_stops_once_another_instance_got_it_acknowledged() -> None:
     # The app refuses; between attempts the partition's new owner (another instance of
     # the group) gets the same keys_revoked acknowledged: this call stops calling.
     app = _App(refuse_s=10.0, delay_s=0.0)
-    instance, runner, store = await _instance(app)
+    teller, runner, store = await _teller(app)
     revocation = Revocation(partition=3, generation=5, boundary=7)
     try:
-        call = asyncio.create_task(instance._revocation_pending("t", revocation))
+        call = asyncio.create_task(teller.revocation_pending("t", revocation))
         await app.called.wait()
         store.acknowledged.append(("g", "t", 3, 5))
         assert await call is None
         assert len(app.calls) == 1
-        assert instance._ledger.acknowledged(HandoffKind.KEYS_REVOKED, "t", 3, 5)
+        assert teller.ledger.acknowledged(HandoffKind.KEYS_REVOKED, "t", 3, 5)
     finally:
-        await instance.close()
+        await _close(teller)
         await runner.cleanup()
 
 
@@ -178,77 +180,16 @@ async def test_no_call_is_made_while_the_group_cannot_be_read() -> None:
     # A sidecar resumed after a pause, its ZooKeeper session gone: it cannot tell
     # whether the partition's new owner got the revocation acknowledged, so it waits.
     app = _App(delay_s=0.0)
-    instance, runner, store = await _instance(app)
+    teller, runner, store = await _teller(app)
     store.away = True
     revocation = Revocation(partition=0, generation=2, boundary=3)
     try:
-        call = asyncio.create_task(instance._revocation_pending("t", revocation))
+        call = asyncio.create_task(teller.revocation_pending("t", revocation))
         await asyncio.wait_for(store.read_thrice.wait(), 30)
         assert app.calls == []
         store.away = False
         assert await call is None
         assert len(app.calls) == 1
     finally:
-        await instance.close()
+        await _close(teller)
         await runner.cleanup()
-
-
-class _Check:
-    """The release loop's view of one partition: its revocation points, and the group's
-    progress, whose reading refreshes the instance's record of the group's
-    acknowledgements (as ``ConsumerInstance._progress`` does)."""
-
-    def __init__(
-        self, instance: ConsumerInstance, revocation: Revocation, group_acknowledged: bool
-    ) -> None:
-        self.tp = TopicPartition("t", revocation.partition)
-        self.revocations = [revocation]
-        self.first_revocation = revocation.boundary
-        self.reads = 0
-        self._instance = instance
-        self._acknowledged = group_acknowledged
-        self.zookeeper_away = False
-
-    async def progress(self) -> None:
-        self.reads += 1
-        if self.zookeeper_away:
-            raise MetadataUnavailable()
-        if self._acknowledged:
-            instance = self._instance
-            instance._ledger = instance._ledger.with_group_revocations(
-                "t", {(self.revocations[0].partition, self.revocations[0].generation)}
-            )
-
-
-async def _events_instance() -> ConsumerInstance:
-    config = InstanceConfig(group="g", name="new-owner", format="binary")
-    sidecar: Any = SimpleNamespace(store=_Store())
-    consumers: Any = _Consumers()
-    return ConsumerInstance(config, sidecar, consumers)
-
-
-async def test_a_new_owner_does_not_tell_what_the_group_acknowledged() -> None:
-    # The partition's previous owner got keys_revoked acknowledged; the new owner
-    # delivers past the boundary with a ledger that has not read the group since.
-    instance = await _events_instance()
-    revocation = Revocation(partition=1, generation=4, boundary=20)
-    check: Any = _Check(instance, revocation, group_acknowledged=True)
-    events: list[Any] = []
-    assert await instance._revoked_before(check, 25, events)
-    assert events == []
-    assert check.reads == 1
-
-
-async def test_nothing_is_told_while_the_group_cannot_be_read() -> None:
-    instance = await _events_instance()
-    revocation = Revocation(partition=1, generation=4, boundary=20)
-    check: Any = _Check(instance, revocation, group_acknowledged=False)
-    check.zookeeper_away = True
-    events: list[Any] = []
-    with pytest.raises(MetadataUnavailable):
-        await instance._revoked_before(check, 25, events)
-    assert events == []
-    # Once it answers (and nobody acknowledged it), the new owner tells it.
-    check.zookeeper_away = False
-    assert not await instance._revoked_before(check, 25, events)
-    assert [e.kind.value for e in events] == ["keys_revoked"]

@@ -5,19 +5,23 @@ assigned (lost in a rebalance without a revocation) and put them back for the ne
 owner; the partition came back to the same instance, whose next fetch ran before the
 position was reset. The stale fetch position counted the dropped records as skipped
 and the refetch discarded them as seen: ten acknowledged records never reached the
-group, and later records of their keys did. The consumer is a fake with aiokafka's
-surface; the instance is real.
+group, and later records of their keys did. The group consumer is a fake of the
+adapter; the instance and its components are real.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
-from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from sidecar.service.consumers import ConsumerInstance, InstanceConfig, PollResult, _delivered
+from sidecar.config import ConsumerSettings
+from sidecar.core.consume import TopicPartition
+from sidecar.service.instance import ConsumerInstance, InstanceConfig
+from sidecar.service.partitions import delivered as _delivered
+from sidecar.service.release import PollResult
 
 TP = TopicPartition("t", 4)
 
@@ -32,7 +36,7 @@ class _Position:
 
 
 class _Consumer:
-    """What the instance reads of aiokafka's consumer: the assignment, positions, fetches."""
+    """What the instance reads of its group consumer: the assignment, positions, fetches."""
 
     def __init__(self) -> None:
         self.assigned: set[TopicPartition] = set()
@@ -46,15 +50,15 @@ class _Consumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
 
-    @property
-    def _subscription(self) -> Any:
-        assignment = SimpleNamespace(tps=self.assigned, state_value=self.positions.__getitem__)
-        return SimpleNamespace(subscription=SimpleNamespace(assignment=assignment))
+    def fetch_position(self, tp: TopicPartition) -> int | None:
+        if tp not in self.assigned:
+            return None
+        return self.positions[tp].position if self.positions[tp].has_valid_position else None
 
-    def pause(self, *partitions: TopicPartition) -> None:
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
         pass
 
-    def resume(self, *partitions: TopicPartition) -> None:
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
         pass
 
     async def getmany(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
@@ -74,31 +78,34 @@ def _records(first: int, last: int) -> list[ConsumerRecord[bytes, bytes]]:
 async def test_records_dropped_for_a_lost_partition_are_fetched_again_when_it_returns() -> None:
     consumer = _Consumer()
     config = InstanceConfig(group="g", name="i", format="binary")
-    unused: Any = SimpleNamespace()
-    instance = ConsumerInstance(config, unused, unused)
-    instance._consumer = consumer
+    context: Any = SimpleNamespace(
+        settings=ConsumerSettings(), store=SimpleNamespace(), metrics=SimpleNamespace()
+    )
+    instance = ConsumerInstance(config, context, instance_key="s-i")
+    fake: Any = consumer
+    instance._consumer = fake
 
     consumer.assign(871)
     consumer.next_fetch = {TP: _records(871, 889)}
-    await instance._fetch(consumer, 0.01)
-    state = instance._partitions[TP]
+    await instance.fetcher.fetch(fake, 0.01)
+    state = instance.partitions[TP]
     assert [r.offset for r in state.buffer] == list(range(871, 890))
     assert state.fetched_to == 891
 
     # Released, then the partition is found gone: the records go back for its next owner.
     released = [_delivered(state.buffer.popleft()) for _ in range(len(state.buffer))]
     consumer.assigned = set()
-    kept = instance._still_assigned(PollResult(released, []))
+    kept = instance.release._still_assigned(PollResult(released, []))
     assert kept.records == []
     assert state.delivered == 871
 
     # Assigned here again; the first fetch runs before the position is reset.
     consumer.assign(None)
-    await instance._fetch(consumer, 0.01)
-    assert instance._partitions[TP].delivered == 871
+    await instance.fetcher.fetch(fake, 0.01)
+    assert instance.partitions[TP].delivered == 871
 
     # Reset to the group's committed offset: the same records come back and are kept.
     consumer.positions[TP].position = 871
     consumer.next_fetch = {TP: _records(871, 889)}
-    await instance._fetch(consumer, 0.01)
-    assert [r.offset for r in instance._partitions[TP].buffer] == list(range(871, 890))
+    await instance.fetcher.fetch(fake, 0.01)
+    assert [r.offset for r in instance.partitions[TP].buffer] == list(range(871, 890))

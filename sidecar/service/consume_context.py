@@ -1,0 +1,123 @@
+"""What a consumer instance's components are given: the sidecar's parts they use.
+
+The consume path talks to the topic registry (managed topics' runtimes), the group's
+ZooKeeper records, the group's Kafka offsets, the audit emitter and the metrics, and
+starts its adapters through the two factories here; nothing else of the sidecar.
+Unit tests give fakes of each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from sidecar.adapters.callbacks import CallbackClient, CallbackMessage
+from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions
+from sidecar.audit.emitter import AuditEmitter
+from sidecar.config import ConsumerSettings
+from sidecar.core.consume import TopicPartition
+from sidecar.core.generations import ChangeKind
+from sidecar.core.handoff import HandoffCallback
+from sidecar.core.placement import SIDECAR_HEADER, header_value
+from sidecar.metrics import SidecarMetrics
+
+if TYPE_CHECKING:
+    from sidecar.service.partitions import Delivered
+    from sidecar.service.sidecar import TopicRuntime
+
+
+class TopicRegistry(Protocol):
+    """The managed topics as this sidecar knows them."""
+
+    @property
+    def topics(self) -> Mapping[str, TopicRuntime]: ...
+
+    async def runtime(self, topic: str) -> TopicRuntime | None: ...
+
+    async def refresh(self, runtime: TopicRuntime) -> None: ...
+
+
+class GroupStore(Protocol):
+    """The consumer groups' records in ZooKeeper (``MetadataStore``)."""
+
+    async def register_group(self, group: str) -> None: ...
+
+    async def add_wait(
+        self, group: str, topic: str, source: int, boundary: int, instance: str
+    ) -> None: ...
+
+    async def remove_wait(
+        self, group: str, topic: str, source: int, boundary: int, instance: str
+    ) -> None: ...
+
+    async def waits(self, group: str, topic: str) -> dict[int, int]: ...
+
+    async def acknowledge_revocation(
+        self, group: str, topic: str, partition: int, generation: int
+    ) -> None: ...
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]: ...
+
+
+class GroupOffsets(Protocol):
+    """The group's offsets in Kafka (``KafkaGateway``)."""
+
+    async def committed_offsets(self, group: str, topic: str, count: int) -> dict[int, int]: ...
+
+    async def log_start_offsets(self, topic: str, count: int) -> list[int]: ...
+
+
+class ConsumerMetrics:
+    """The consume path's metrics, counted where the consume path knows them."""
+
+    def __init__(self, metrics: SidecarMetrics) -> None:
+        self.metrics = metrics
+
+    def delivered(self, tp: TopicPartition, records: Sequence[Delivered], managed: bool) -> None:
+        if not records:
+            return
+        metrics = self.metrics
+        metrics.delivered_records.labels(tp.topic, str(tp.partition)).inc(len(records))
+        if managed:
+            without = sum(header_value(r.headers, SIDECAR_HEADER) is None for r in records)
+            if without:
+                metrics.records_without_headers.labels(tp.topic).inc(without)
+
+    def gate_waiting(self, topic: str, group: str, delta: int) -> None:
+        self.metrics.gated_partitions.labels(topic, group).inc(delta)
+
+    def gate_waited(self, topic: str, group: str, kind: ChangeKind, seconds: float) -> None:
+        self.metrics.gate_wait_seconds.labels(topic, group, kind.value).observe(seconds)
+
+    def callback_done(self, message: CallbackMessage, seconds: float, ok: bool) -> None:
+        kind = message.kind if isinstance(message, HandoffCallback) else message.notice.kind
+        self.metrics.callback_seconds.labels(kind.value).observe(seconds)
+        if not ok:
+            self.metrics.callback_failures.labels(kind.value).inc()
+
+    def lag(self, group: str, tp: TopicPartition, records: int) -> None:
+        self.metrics.consumer_lag.labels(group, tp.topic, str(tp.partition)).set(records)
+
+    def committed(self, group: str, partitions: Sequence[TopicPartition]) -> None:
+        for tp in partitions:
+            self.metrics.commits.labels(group, tp.topic).inc()
+
+
+StartConsumer = Callable[[GroupConsumerOptions], Awaitable[GroupConsumer]]
+NewCallbackClient = Callable[[str, float], CallbackClient]
+"""A callback client for (url, timeout_s)."""
+
+
+@dataclass(frozen=True)
+class ConsumeContext:
+    sidecar_id: str
+    registry: TopicRegistry
+    store: GroupStore
+    offsets: GroupOffsets
+    audit: AuditEmitter
+    audit_sample_rate: float
+    settings: ConsumerSettings
+    metrics: ConsumerMetrics
+    start_consumer: StartConsumer
+    callback_client: NewCallbackClient

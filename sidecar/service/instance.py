@@ -1,0 +1,336 @@
+"""A REST consumer instance: the small front class over the consume path's components.
+
+Each instance is one Kafka group consumer (``sidecar.adapters.group_consumer``).
+Records are fetched into per-partition buffers (``partitions``, ``fetcher``) and
+released to the app only at delivery time through the gate (``release``); the app is
+told of key hand-off (``handoff``) and, if it asks, of rebalances (``notices``); its
+commits, and the instance's own auto-commits, never pass an unacknowledged hand-off
+(``offsets``); gate waits are announced in ZooKeeper (``waits``).
+
+The instance owns its lock (the HTTP layer serializes calls on one instance with it)
+and the state of its subscription; each component owns its own state, and the
+instance composes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sidecar.adapters.callbacks import CallbackClient
+from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions
+from sidecar.core.consume import TopicPartition
+from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
+from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.fetcher import Fetcher
+from sidecar.service.handoff import HandoffTeller
+from sidecar.service.notices import AssignmentNotices
+from sidecar.service.offsets import Offsets
+from sidecar.service.partitions import PartitionBuffers
+from sidecar.service.release import PollResult, Release
+from sidecar.service.waits import GateWaits
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    group: str
+    name: str
+    format: str
+    """"binary" or "json": how the HTTP layer encodes keys and values."""
+    auto_offset_reset: str = "latest"
+    auto_commit: bool = False
+    callback_url: str | None = None
+    callback_timeout_s: float = 5.0
+    poll_timeout_ms: int = 1000
+    """Default (and longest) wait of a records request, as REST Proxy's
+    ``consumer.request.timeout.ms``."""
+    fetch_min_bytes: int = 1
+    """REST Proxy's ``fetch.min.bytes``: the fetch waits for this much (up to its wait)."""
+    assignment_events: bool = False
+    """Tell the app of rebalances (AssignmentNotice), by callback or in records
+    responses. Off by default: a REST Proxy client expects only records there."""
+
+
+class ConsumerInstance:
+    def __init__(
+        self, config: InstanceConfig, context: ConsumeContext, *, instance_key: str
+    ) -> None:
+        self.config = config
+        self.context = context
+        self.last_used = time.monotonic()
+        self.lock = asyncio.Lock()
+        self.subscription: list[str] = []
+        self.pattern: str | None = None
+        self.manual: list[TopicPartition] = []
+        self._consumer: GroupConsumer | None = None
+        self._callbacks: CallbackClient | None = None
+        if config.callback_url is not None:
+            self._callbacks = context.callback_client(
+                config.callback_url, config.callback_timeout_s
+            )
+        self.partitions = PartitionBuffers()
+        self.handoff = HandoffTeller(config.group, config.name, context.store, self._callbacks)
+        self.waits = GateWaits(config.group, instance_key, context.store, context.metrics)
+        delivery_lock = asyncio.Lock()
+        self.notices = AssignmentNotices(
+            config.group,
+            config.name,
+            enabled=config.assignment_events,
+            callbacks=self._callbacks,
+            delivery_lock=delivery_lock,
+        )
+        self.release = Release(
+            config.group,
+            config.name,
+            context,
+            self.partitions,
+            self.handoff,
+            self.waits,
+            self.notices,
+            consumer=lambda: self._consumer,
+            manual=lambda: bool(self.manual),
+            delivery_lock=delivery_lock,
+        )
+        self.offsets = Offsets(
+            config.group,
+            config.name,
+            context,
+            self.partitions,
+            self.handoff,
+            consumer=self._require_consumer,
+            callbacks=self._callbacks is not None,
+        )
+        self.fetcher = Fetcher(
+            self.partitions,
+            self.notices,
+            buffer_limit=context.settings.buffer_limit,
+            grace_s=context.settings.fetch_grace_s,
+        )
+
+    @property
+    def instance_id(self) -> str:
+        return self.config.name
+
+    # Subscription and assignment ----------------------------------------------------------
+
+    async def subscribe(self, topics: Sequence[str] | None, pattern: str | None) -> None:
+        if self.manual:
+            raise ConsumerStateConflict("the instance has manual assignments; delete them first")
+        if (self.subscription or self.pattern) and (pattern is None) != (self.pattern is None):
+            # REST Proxy replaces a subscription; aiokafka refuses to turn topics into a
+            # pattern or back (mutually exclusive), so the old one is left first.
+            await self.unsubscribe()
+        consumer = await self._ensure_consumer()
+        self.subscription = list(topics or [])
+        self.pattern = pattern
+        consumer.subscribe(self.subscription, pattern, self)
+        for topic in self.subscription:
+            await self.context.registry.runtime(topic)  # load and watch managed topics now
+
+    async def unsubscribe(self) -> None:
+        """Leave the subscription and any manual assignment, as Kafka's unsubscribe.
+
+        The Kafka consumer is closed (leaving the group), not only unsubscribed: its
+        coordinator may still be rejoining for the old subscription, and a manual
+        assignment made meanwhile fails inside aiokafka ("Should not be called"). The
+        next subscribe or assign starts a fresh one.
+        """
+        await self._stop_consumer()
+        self.subscription, self.pattern, self.manual = [], None, []
+        self.partitions.clear()
+        self.notices.forget()
+
+    async def assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
+        if self.subscription or self.pattern:
+            raise ConsumerStateConflict("the instance is subscribed; unsubscribe first")
+        if not partitions:
+            # Kafka's assign of nothing is its unsubscribe; aiokafka would keep the consumer
+            # in manual mode with nothing assigned, refusing a later subscription.
+            await self.unsubscribe()
+            return
+        consumer = await self._ensure_consumer()
+        consumer.assign(partitions)
+        self.manual = list(partitions)
+        self.partitions.replace_all(partitions)
+
+    def subscribed_topics(self) -> list[str]:
+        """The topics named, or those a pattern matches now (as Kafka's consumer says)."""
+        if self.pattern is None or self._consumer is None:
+            return list(self.subscription)
+        return sorted(self._consumer.subscription())
+
+    def assignment(self) -> list[TopicPartition]:
+        if self._consumer is None:
+            return []
+        return sorted(self._consumer.assignment())
+
+    def rebalance_if_subscribed(self, topic: str) -> bool:
+        """Ask the group to rebalance if this instance subscribes to ``topic``; True if so.
+
+        Kafka's consumer rebalances on its own when a topic's partition count changes,
+        not when the sidecar's assignor would assign differently.
+        """
+        consumer = self._consumer
+        if consumer is None or self.manual or topic not in self.subscribed_topics():
+            return False
+        consumer.request_rejoin()
+        return True
+
+    # Polling ------------------------------------------------------------------------------
+
+    async def poll(self, timeout_s: float, max_bytes: int | None) -> PollResult:
+        """Records the gate lets through (and pending hand-off events), waiting up to
+        ``timeout_s`` for at least one. Raises ConsumerStateConflict if not subscribed."""
+        consumer = self._require_subscribed()
+        recheck_s = self.context.settings.gate_recheck_s
+        deadline = time.monotonic() + timeout_s
+        if self.config.auto_commit:
+            await self.offsets.commit_quietly(force=False)
+            await self.offsets.help_waiters()
+        while True:
+            await self.fetcher.fetch(
+                consumer, max(0.0, min(recheck_s, deadline - time.monotonic()))
+            )
+            result = await self.release.release(max_bytes)
+            if result.records or result.events or result.notices:
+                return result
+            if time.monotonic() >= deadline:
+                return result
+            if self.config.auto_commit:
+                await self.offsets.help_waiters()
+            await asyncio.sleep(recheck_s)
+
+    def undeliver(self, result: PollResult) -> None:
+        """Put back what was released but could not be sent to the app."""
+        self.release.undeliver(result)
+
+    def audit_delivered(self, result: PollResult) -> None:
+        """Record what reached the app (called once the response is encoded)."""
+        self.release.audit_delivered(result)
+
+    async def acknowledge_events(self, event_ids: Iterable[int]) -> None:
+        """The app handled these events. Raises BadRequest for an id that is not pending
+        (and then acknowledges none of them)."""
+        await self.handoff.acknowledge_events(event_ids)
+
+    # Offsets and positions ----------------------------------------------------------------
+
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
+        """See ``Offsets.commit``."""
+        await self.offsets.commit(offsets)
+
+    async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return await self.offsets.committed(partitions)
+
+    def require_assigned(self, partitions: Iterable[TopicPartition]) -> None:
+        """Raises ConsumerStateConflict (no consumer yet) or BadRequest (a partition not
+        assigned to this instance)."""
+        assigned = self._require_consumer().assignment()
+        for tp in partitions:
+            if tp not in assigned:
+                raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
+
+    async def seek(self, offsets: Mapping[TopicPartition, int]) -> None:
+        consumer = self._require_consumer()
+        self.require_assigned(offsets)
+        for tp, offset in offsets.items():
+            consumer.seek(tp, offset)
+            self.partitions.reset(tp, delivered=offset)
+
+    async def seek_to_timestamps(self, timestamps: Mapping[TopicPartition, int]) -> None:
+        consumer = self._require_consumer()
+        # Before the lookup: for a partition not assigned (or of no topic) aiokafka waits
+        # for metadata until the request timeout, holding the instance's lock.
+        self.require_assigned(timestamps)
+        found = await consumer.offsets_for_times(timestamps)
+        offsets = {}
+        for tp, hit in found.items():
+            # No record at or after the time: the end, as Kafka's seek by time does.
+            offsets[tp] = await consumer.end_offset(tp) if hit is None else hit
+        await self.seek(offsets)
+
+    async def seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None:
+        consumer = self._require_consumer()
+        self.require_assigned(partitions)
+        if not partitions:
+            return  # an empty list seeks none (aiokafka would read it as "all assigned")
+        await consumer.seek_to(partitions, beginning=beginning)
+        for tp in partitions:
+            self.partitions.reset(tp, delivered=await consumer.position(tp))
+
+    # Rebalances (the group consumer's RebalanceHandler) -------------------------------------
+
+    async def partitions_revoked(self, partitions: set[TopicPartition]) -> None:
+        # From here on nothing more is released from these partitions.
+        self.release.hold(partitions)
+        try:
+            await self.notices.tell_revoked(sorted(partitions))
+            if self.config.auto_commit:
+                with contextlib.suppress(SidecarError):
+                    # Outside the delivery lock: the app keeps polling, and finds and
+                    # acknowledges the keys-revoked events this waits for.
+                    await self.offsets.settle_before_revoke(sorted(partitions))
+            async with self.release.delivery_lock:
+                if self.config.auto_commit:
+                    with contextlib.suppress(SidecarError):
+                        await self.offsets.auto_commit(force=True)
+                self.revoked(partitions)
+        finally:
+            self.release.unhold(partitions)
+
+    async def partitions_assigned(self, partitions: set[TopicPartition]) -> None:
+        # Buffers start empty; positions come from the group's committed offsets.
+        ordered = sorted(partitions)
+        for tp in ordered:
+            self.partitions.ensure(tp)
+        await self.notices.tell_assigned(ordered)
+
+    def revoked(self, partitions: Iterable[TopicPartition]) -> None:
+        gone = set(partitions)
+        self.partitions.forget(gone)
+        self.handoff.partitions_lost(gone)
+
+    # Life cycle ---------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        await self._stop_consumer()
+        if self._callbacks is not None:
+            await self._callbacks.close()
+
+    async def _stop_consumer(self) -> None:
+        await self.waits.clear_all()
+        self.fetcher.cancel()
+        await self.handoff.close()
+        if self._consumer is not None:
+            if self.config.auto_commit:
+                with contextlib.suppress(SidecarError):
+                    await self.offsets.auto_commit(force=True)
+            await self._consumer.stop()
+            self._consumer = None
+
+    async def _ensure_consumer(self) -> GroupConsumer:
+        if self._consumer is None:
+            self._consumer = await self.context.start_consumer(
+                GroupConsumerOptions(
+                    group=self.config.group,
+                    client_suffix=self.instance_id,
+                    auto_offset_reset=self.config.auto_offset_reset,
+                    fetch_min_bytes=self.config.fetch_min_bytes,
+                    metadata_max_age_ms=self.context.settings.metadata_max_age_ms,
+                )
+            )
+        return self._consumer
+
+    def _require_consumer(self) -> GroupConsumer:
+        if self._consumer is None:
+            raise ConsumerStateConflict("the instance is neither subscribed nor assigned")
+        return self._consumer
+
+    def _require_subscribed(self) -> GroupConsumer:
+        consumer = self._require_consumer()
+        if not (self.subscription or self.pattern or self.manual):
+            raise ConsumerStateConflict("the instance is neither subscribed nor assigned")
+        return consumer

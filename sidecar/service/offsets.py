@@ -1,0 +1,210 @@
+"""One consumer instance's commits: what it may commit, and when it commits by itself.
+
+A commit never passes a boundary where keys moved away before the app has been told
+(``keys_revoked``) and acknowledged it: the gate of the keys' new partition opens on
+that commit. An auto-committing instance commits every ``auto_commit_interval_s``, at
+once when someone of its group waits past its delivered position, and before a
+rebalance takes its partitions (``settle_before_revoke`` then the final commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from sidecar.adapters.group_consumer import GroupConsumer
+from sidecar.audit import events as audit_events
+from sidecar.core.consume import TopicPartition
+from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
+from sidecar.core.handoff import Subject, revocations_crossed
+from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.handoff import HandoffTeller
+from sidecar.service.partitions import PartitionBuffers
+
+_log = logging.getLogger(__name__)
+
+SETTLE_POLL_S = 0.02
+"""How often ``settle_before_revoke`` looks for the app's acknowledgements."""
+
+
+class Offsets:
+    def __init__(
+        self,
+        group: str,
+        instance_id: str,
+        context: ConsumeContext,
+        buffers: PartitionBuffers,
+        teller: HandoffTeller,
+        *,
+        consumer: Callable[[], GroupConsumer],
+        callbacks: bool,
+    ) -> None:
+        self.group = group
+        self.instance_id = instance_id
+        self.context = context
+        self.buffers = buffers
+        self.teller = teller
+        self._consumer = consumer
+        """The instance's consumer; raises ConsumerStateConflict if it has none."""
+        self._callbacks = callbacks
+        """Hand-off is told by callback (else as events the app acknowledges)."""
+        self._last_auto_commit = time.monotonic()
+
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
+        """Commit ``offsets`` (next offsets to read), or everything delivered if None.
+
+        Raises BadRequest for an offset beyond what was delivered or a partition not
+        assigned, ConsumerStateConflict if a keys-revoked event must be acknowledged
+        first, CallbackFailed.
+        """
+        consumer = self._consumer()
+        if offsets is None:
+            offsets = {
+                tp: state.delivered
+                for tp, state in self.buffers.items()
+                if state.delivered is not None
+            }
+        widened = {}
+        for tp, offset in offsets.items():
+            state = self.buffers.get(tp)
+            if state is None:
+                raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
+            if state.delivered is None or offset > state.delivered:
+                raise BadRequest(
+                    f"offset {offset} of {tp.topic}[{tp.partition}] is beyond the delivered "
+                    f"position {state.delivered if state.delivered is not None else 'none'}"
+                )
+            # The app names the last record it processed; what lies between it and the
+            # delivered position was never for the app (markers, aborted records,
+            # relocation tombstones), so the commit covers it too.
+            widened[tp] = state.delivered if offset == state.released_to else offset
+        to_commit: dict[TopicPartition, int] = {}
+        for tp, offset in widened.items():
+            await self._revoke_before(tp, offset)
+            to_commit[tp] = offset
+        if not to_commit:
+            return
+        await consumer.commit(to_commit)
+        for tp, offset in to_commit.items():
+            state = self.buffers.get(tp)
+            if state is not None:
+                state.committed = offset
+            self.context.audit.emit(
+                audit_events.committed(
+                    group=self.group,
+                    instance=self.instance_id,
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=offset,
+                )
+            )
+        self.context.metrics.committed(self.group, list(to_commit))
+
+    async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        consumer = self._consumer()
+        result = {}
+        for tp in partitions:
+            offset = await consumer.committed(tp)
+            if offset is not None:
+                result[tp] = offset
+        return result
+
+    async def _revoke_before(self, tp: TopicPartition, offset: int) -> None:
+        runtime = await self.context.registry.runtime(tp.topic)
+        if runtime is None or not runtime.state.config.ordered_delivery:
+            return
+        state = self.buffers.get(tp)
+        if state is None:
+            # A rebalance took the partition while an earlier one of this commit waited
+            # for its app: its new owner commits it now.
+            raise ConsumerStateConflict(
+                f"{tp.topic}[{tp.partition}] was reassigned by a rebalance during the commit"
+            )
+        before = state.committed
+        if before is None:
+            committed = await self.context.offsets.committed_offsets(
+                self.group, tp.topic, len(runtime.state.modes)
+            )
+            before = committed.get(tp.partition, 0)
+        for revocation in revocations_crossed(runtime.state.log, tp.partition, before, offset):
+            await self.teller.require_revoked(tp.topic, revocation)
+
+    async def settle_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
+        """Before a rebalance takes ``partitions`` away, get the app's keys-revoked
+        acknowledgements that committing everything delivered needs.
+
+        Otherwise the commit would stop below a boundary and the partitions' next owner
+        would deliver the records above it again. The rebalance waits (aiokafka awaits
+        this listener) for at most ``consumer.revoke_ack_wait_s``; the app keeps polling
+        meanwhile and finds the events in its records responses.
+        """
+        pending: list[Subject] = []
+        for tp in partitions:
+            state = self.buffers.get(tp)
+            runtime = self.context.registry.topics.get(tp.topic)
+            if state is None or state.delivered is None or runtime is None:
+                continue
+            before = state.committed or 0
+            for revocation in revocations_crossed(
+                runtime.state.log, tp.partition, before, state.delivered
+            ):
+                if await self.teller.revocation_pending(tp.topic, revocation) is not None:
+                    pending.append(Subject(tp.topic, revocation.partition, revocation.generation))
+        deadline = time.monotonic() + self.context.settings.revoke_ack_wait_s
+        acknowledged = self.teller.acknowledged
+        while any((p, g) not in acknowledged(topic) for topic, p, g in pending):
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(SETTLE_POLL_S)
+
+    async def commit_quietly(self, *, force: bool) -> None:
+        """Auto-commit; a failure (a rebalance in progress, a coordinator moving) is
+        retried at the next poll instead of failing the app's read."""
+        try:
+            await self.auto_commit(force=force)
+        except SidecarError as exc:
+            _log.info("auto-commit of %s deferred: %s", self.instance_id, exc.message)
+
+    async def auto_commit(self, *, force: bool) -> None:
+        interval_s = self.context.settings.auto_commit_interval_s
+        if not force and time.monotonic() - self._last_auto_commit < interval_s:
+            return
+        self._last_auto_commit = time.monotonic()
+        offsets = {}
+        for tp, state in self.buffers.items():
+            if state.delivered is None or state.delivered == state.committed:
+                continue
+            target = state.delivered
+            runtime = await self.context.registry.runtime(tp.topic)
+            if runtime is not None and not self._callbacks:
+                # Without a callback, stop below a revocation the app has not acknowledged.
+                for revocation in revocations_crossed(
+                    runtime.state.log, tp.partition, state.committed or 0, target
+                ):
+                    key = (revocation.partition, revocation.generation)
+                    if key not in self.teller.acknowledged(tp.topic):
+                        with contextlib.suppress(ConsumerStateConflict):
+                            await self.teller.require_revoked(tp.topic, revocation)
+                        target = min(target, revocation.boundary - 1)
+            if target > (state.committed or 0):
+                offsets[tp] = target
+        if offsets:
+            await self.commit(offsets)
+
+    async def help_waiters(self) -> None:
+        """Commit at once what waiters need (the caller auto-commits)."""
+        for topic in self.buffers.topics():
+            try:
+                waits = await self.context.store.waits(self.group, topic)
+            except SidecarError:
+                continue
+            for tp, state in self.buffers.items():
+                if tp.topic != topic or state.delivered is None:
+                    continue
+                boundary = waits.get(tp.partition)
+                if boundary is not None and (state.committed or 0) < min(boundary, state.delivered):
+                    await self.commit_quietly(force=True)
+                    return

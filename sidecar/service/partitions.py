@@ -1,0 +1,196 @@
+"""Per-partition buffers and positions of one consumer instance.
+
+Records are fetched into per-partition buffers and released from their heads. Each
+partition keeps the positions the release and the commits need (``PartitionState``);
+``PartitionBuffers`` keeps them in step with the consumer's assignment and its fetches.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sidecar.core.consume import ConsumedRecord, TopicPartition
+
+
+@dataclass(slots=True)
+class Delivered:
+    """A record released to the app."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]]
+    """The consumed record's own list, shared, not copied."""
+    source: ConsumedRecord
+
+
+def delivered(record: ConsumedRecord) -> Delivered:
+    return Delivered(
+        record.topic,
+        record.partition,
+        record.offset,
+        record.key,
+        record.value,
+        record.headers,
+        record,
+    )
+
+
+@dataclass
+class PartitionState:
+    buffer: deque[ConsumedRecord] = field(default_factory=deque)
+    delivered: int | None = None
+    """Next offset after the last record released or skipped here (relocation tombstones,
+    and what a read-committed consumer never returns: transaction markers and aborted
+    records); None: nothing yet."""
+    released_to: int | None = None
+    """Next offset after the last record released to the app."""
+    fetched_to: int | None = None
+    """The consumer's position when the last fetch was taken into ``buffer``."""
+    committed: int | None = None
+    """What this instance last committed (or read as the group's committed offset)."""
+
+    def skip_invisible(self) -> None:
+        """Count the offsets the consumer skipped as delivered.
+
+        Managed topics are written in transactions: each one ends with a marker that
+        takes an offset, and a read-committed consumer never returns markers or aborted
+        records. A change's boundary lies past its last marker, so a group that commits
+        only "last record + 1" would never reach it. Everything below the buffer's head,
+        or with an empty buffer below the fetch position, was released or skipped.
+        """
+        head = self.buffer[0].offset if self.buffer else self.fetched_to
+        if head is not None and (self.delivered is None or head > self.delivered):
+            self.delivered = head
+
+    def take(self, records: Sequence[ConsumedRecord]) -> None:
+        """Buffer fetched records, less those at or below what was buffered or
+        delivered already (a refetch after a seek or a rebalance); batches come in
+        offset order."""
+        seen = max(
+            self.buffer[-1].offset if self.buffer else -1,
+            -1 if self.delivered is None else self.delivered - 1,
+        )
+        if records and records[0].offset > seen:
+            self.buffer.extend(records)
+            return
+        self.buffer.extend(record for record in records if record.offset > seen)
+
+    def put_back(self, record: Delivered) -> None:
+        """A released record the app did not get: at the head again, not delivered."""
+        self.buffer.appendleft(record.source)
+        self.delivered = self.released_to = record.offset
+
+    def drop_released(self, offset: int) -> None:
+        """Records from ``offset`` on were released but the partition is gone: their
+        new owner delivers them, so nothing from here is committed as delivered."""
+        self.buffer.clear()
+        self.delivered = min(self.delivered or offset, offset)
+        # The buffer no longer reaches the old fetch position: were the partition
+        # assigned here again, skip_invisible would count the dropped records as
+        # skipped, and the refetch would discard them as seen.
+        self.fetched_to = None
+
+
+class PartitionBuffers:
+    """The instance's partitions and their states, by partition."""
+
+    def __init__(self) -> None:
+        self._states: dict[TopicPartition, PartitionState] = {}
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self._states
+
+    def __iter__(self) -> Iterator[TopicPartition]:
+        return iter(self._states)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, tp: TopicPartition) -> PartitionState | None:
+        return self._states.get(tp)
+
+    def __getitem__(self, tp: TopicPartition) -> PartitionState:
+        return self._states[tp]
+
+    def items(self) -> list[tuple[TopicPartition, PartitionState]]:
+        return list(self._states.items())
+
+    def topics(self) -> set[str]:
+        return {tp.topic for tp in self._states}
+
+    def ensure(self, tp: TopicPartition) -> PartitionState:
+        return self._states.setdefault(tp, PartitionState())
+
+    def reset(self, tp: TopicPartition, delivered: int | None = None) -> None:
+        """Start ``tp`` afresh (a seek): an empty buffer, delivered up to ``delivered``."""
+        self._states[tp] = PartitionState(delivered=delivered)
+
+    def replace_all(self, partitions: Iterable[TopicPartition]) -> None:
+        self._states = {tp: PartitionState() for tp in partitions}
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        for tp in partitions:
+            self._states.pop(tp, None)
+
+    def keep_only(self, assigned: set[TopicPartition]) -> list[TopicPartition]:
+        """Drop the partitions no longer assigned; returns them."""
+        gone = [tp for tp in self._states if tp not in assigned]
+        for tp in gone:
+            del self._states[tp]
+        return gone
+
+    def full(self, assigned: Iterable[TopicPartition], limit: int) -> list[TopicPartition]:
+        """The assigned partitions whose buffers hold ``limit`` records or more (created
+        empty for those not seen yet)."""
+        return [tp for tp in assigned if len(self.ensure(tp).buffer) >= limit]
+
+    def take(self, batches: Mapping[TopicPartition, Sequence[ConsumedRecord]]) -> None:
+        for tp, records in batches.items():
+            self.ensure(tp).take(records)
+
+    def note_positions(
+        self, assigned: Iterable[TopicPartition], position: Callable[[TopicPartition], int | None]
+    ) -> None:
+        """Record the fetch positions read right after a fetch was taken; they moved
+        with the records just taken (and past the markers and aborted records among and
+        after them)."""
+        for tp in assigned:
+            state = self._states.get(tp)
+            if state is None:
+                continue  # revoked by a rebalance while the fetch ran
+            # None while a reassigned partition's position is being reset: a position
+            # from before the rebalance would count records never delivered as skipped.
+            state.fetched_to = position(tp)
+            state.skip_invisible()
+
+    def undeliver(self, records: Sequence[Delivered]) -> None:
+        """Put back what was released but could not be sent to the app."""
+        for record in reversed(records):
+            state = self._states.get(TopicPartition(record.topic, record.partition))
+            if state is not None:
+                state.put_back(record)
+
+    def keep_assigned(
+        self, records: Sequence[Delivered], assigned: set[TopicPartition]
+    ) -> list[Delivered]:
+        """Drop what was released from partitions that are no longer assigned (lost in a
+        rebalance without a revocation): their new owner delivers them. The position goes
+        back, so nothing dropped here is ever committed as delivered."""
+        kept = []
+        for record in records:
+            tp = TopicPartition(record.topic, record.partition)
+            if tp in assigned:
+                kept.append(record)
+                continue
+            state = self._states.get(tp)
+            if state is not None:
+                state.drop_released(record.offset)
+        return kept

@@ -1,0 +1,408 @@
+"""Releasing buffered records to the app through the gate (DESIGN §6).
+
+Records are released only at delivery time, one partition head at a time, when the
+core's gate is open for it. The gate is judged from the group's *committed* offsets in
+Kafka, log-start offsets and partition modes, so it is the same for every instance of
+the group and survives restarts and rebalances; nothing relies on pausing (aiokafka
+forgets pauses on a rebalance).
+
+Key hand-off: once the instance consuming ``q`` has delivered it up to a boundary where
+``q``'s keys moved away (also when that happened before the change: a caught-up
+group), and before it delivers past it, the app is told "keys revoked"
+(``_tell_due_revocations``, ``_revoked_before``); before the first gated record of
+``p`` is delivered, "keys assigned" (``_gate_allows``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sidecar.adapters.group_consumer import GroupConsumer
+from sidecar.audit import events as audit_events
+from sidecar.audit.events import key_sampled
+from sidecar.core.consume import ConsumedRecord, TopicPartition
+from sidecar.core.errors import CallbackFailed
+from sidecar.core.gate import GroupProgress, Wait, WaitKey, unmet, waits_into
+from sidecar.core.generations import GenerationLog
+from sidecar.core.handoff import (
+    AssignmentNotice,
+    HandoffEvent,
+    HandoffKind,
+    Subject,
+    revocation_points,
+    revocations_due,
+    revoked_through,
+)
+from sidecar.core.placement import GENERATION_HEADER, RELOCATION_HEADER, header_value
+from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.handoff import HandoffTeller
+from sidecar.service.notices import AssignmentNotices
+from sidecar.service.partitions import Delivered, PartitionBuffers, PartitionState, delivered
+from sidecar.service.sidecar import TopicRuntime
+from sidecar.service.waits import GateWaits
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class PollResult:
+    records: list[Delivered]
+    events: list[HandoffEvent]
+    notices: list[AssignmentNotice] = field(default_factory=list)
+    """Rebalances since the last response, in order; they precede ``events`` and
+    ``records`` (only with ``InstanceConfig.assignment_events`` in events mode)."""
+
+
+class PartitionCheck:
+    """What the gate needs of one partition during one release, each part computed once."""
+
+    def __init__(
+        self,
+        release: Release,
+        runtime: TopicRuntime | None,
+        tp: TopicPartition,
+        progress_by_topic: dict[str, GroupProgress],
+    ) -> None:
+        assert runtime is not None
+        self.release = release
+        self.runtime = runtime
+        self.tp = tp
+        self.revocations = revocation_points(runtime.state.log, tp.partition)
+        self.first_revocation = min((r.boundary for r in self.revocations), default=None)
+        """Below this offset no record needs a keys-revoked check (None: none ever)."""
+        self.open_generations: set[int] = set()
+        """Generations whose gate this release found open (and announced): the offsets it
+        judged by are read once per release, so later records of them pass alike."""
+        self._waits: dict[int, tuple[Wait, ...]] = {}
+        self._progress_by_topic = progress_by_topic
+
+    def waits(self, generation: int) -> tuple[Wait, ...]:
+        if generation not in self._waits:
+            self._waits[generation] = waits_into(
+                self.runtime.state.log, self.tp.partition, generation
+            )
+        return self._waits[generation]
+
+    async def progress(self) -> GroupProgress:
+        """The group's offsets for the topic, read at most once per release."""
+        topic = self.tp.topic
+        if topic not in self._progress_by_topic:
+            self._progress_by_topic[topic] = await self.release.progress(self.runtime, topic)
+        return self._progress_by_topic[topic]
+
+
+class Release:
+    """One instance's release loop: buffers → gate → hand-off → the app."""
+
+    def __init__(
+        self,
+        group: str,
+        instance_id: str,
+        context: ConsumeContext,
+        buffers: PartitionBuffers,
+        teller: HandoffTeller,
+        waits: GateWaits,
+        notices: AssignmentNotices,
+        *,
+        consumer: Callable[[], GroupConsumer | None],
+        manual: Callable[[], bool],
+        delivery_lock: asyncio.Lock,
+    ) -> None:
+        self.group = group
+        self.instance_id = instance_id
+        self.context = context
+        self.buffers = buffers
+        self.teller = teller
+        self.waits = waits
+        self.notices = notices
+        self._consumer = consumer
+        self._manual = manual
+        self.delivery_lock = delivery_lock
+        """Held while records are released; a rebalance listener commits what was
+        delivered only once no release runs."""
+        self._revoking: set[TopicPartition] = set()
+        self._gate_reported: set[Subject] = set()
+
+    # Rebalances ---------------------------------------------------------------------------
+
+    def hold(self, partitions: set[TopicPartition]) -> None:
+        """From here on nothing more is released from ``partitions`` (being revoked)."""
+        self._revoking |= partitions
+
+    def unhold(self, partitions: set[TopicPartition]) -> None:
+        self._revoking -= partitions
+
+    # Releasing ----------------------------------------------------------------------------
+
+    async def release(self, max_bytes: int | None) -> PollResult:
+        # A rebalance listener commits what was delivered only once no release runs, so
+        # a record can never be released after the commit that hands its partition over.
+        async with self.delivery_lock:
+            return await self._release_locked(max_bytes)
+
+    def undeliver(self, result: PollResult) -> None:
+        """Put back what was released but could not be sent to the app."""
+        self.notices.put_back(result.notices)
+        self.buffers.undeliver(result.records)
+
+    async def _release_locked(self, max_bytes: int | None) -> PollResult:
+        released: list[Delivered] = []
+        events = await self.teller.pending_events()
+        # Under the delivery lock, which the rebalance listener takes to queue them.
+        notices = self.notices.take()
+        try:
+            return await self._release_partitions(released, events, notices, max_bytes)
+        except BaseException:
+            # A callback that failed, ZooKeeper or Kafka away: what was taken from the
+            # buffers goes back, so it is delivered, never lost, on the next poll.
+            self.undeliver(PollResult(released, [], notices))
+            raise
+
+    async def _release_partitions(
+        self,
+        released: list[Delivered],
+        events: list[HandoffEvent],
+        notices: list[AssignmentNotice],
+        max_bytes: int | None,
+    ) -> PollResult:
+        size = 0
+        progress_by_topic: dict[str, GroupProgress] = {}
+        registry = self.context.registry
+        for tp in sorted(self.buffers):
+            state = self.buffers.get(tp)
+            if state is None:
+                continue  # revoked by a rebalance while this loop awaited
+            if self.notices.must_tell_assigned(tp, manual=self._manual()):
+                continue
+            runtime = await registry.runtime(tp.topic)
+            gated = runtime is not None and runtime.state.config.ordered_delivery
+            # Per partition and release, computed once: the waits of each generation and
+            # the boundaries where keys moved away; the group's offsets only if needed.
+            check = PartitionCheck(self, runtime, tp, progress_by_topic) if gated else None
+            released_before = len(released)
+            full = False
+            while state.buffer and tp not in self._revoking:
+                record = state.buffer[0]
+                # Relocation tombstones are tombstones: only null values are looked at.
+                if (
+                    record.value is None
+                    and runtime is not None
+                    and header_value(record.headers, RELOCATION_HEADER) == b"1"
+                ):
+                    state.buffer.popleft()
+                    state.delivered = record.offset + 1
+                    continue
+                if check is not None:
+                    if not await self._gate_allows(check, record, events):
+                        break
+                    if not await self._revoked_before(check, record.offset, events):
+                        break
+                    if tp in self._revoking:
+                        break  # a rebalance started while the gate was consulted
+                record_size = len(record.key or b"") + len(record.value or b"")
+                if max_bytes is not None and released and size + record_size > max_bytes:
+                    full = True
+                    break
+                state.buffer.popleft()
+                state.delivered = state.released_to = record.offset + 1
+                size += record_size
+                released.append(delivered(record))
+            state.skip_invisible()
+            # Events go before records in a response: a revocation told alongside the
+            # partition's last records would reach the app before them. Next poll, then.
+            if check is not None and tp not in self._revoking and len(released) == released_before:
+                await self._tell_due_revocations(check, state, events)
+            # Counted once per partition and release: per record, the labelled metric
+            # lookups cost as much as the rest of the release.
+            self.context.metrics.delivered(tp, released[released_before:], runtime is not None)
+            if full:
+                break
+            self._record_lag(tp, state)
+        return self._still_assigned(PollResult(released, events, notices))
+
+    def _still_assigned(self, result: PollResult) -> PollResult:
+        """Drop what was released from partitions that are no longer assigned (lost in a
+        rebalance without a revocation): their new owner delivers them."""
+        consumer = self._consumer()
+        if consumer is None:
+            return result
+        kept = self.buffers.keep_assigned(result.records, consumer.assignment())
+        return PollResult(kept, result.events, result.notices)
+
+    def _record_lag(self, tp: TopicPartition, state: PartitionState) -> None:
+        consumer = self._consumer()
+        if consumer is None or state.delivered is None:
+            return
+        highwater = consumer.highwater(tp)
+        if highwater is not None:
+            self.context.metrics.lag(self.group, tp, max(0, highwater - state.delivered))
+
+    # The gate -----------------------------------------------------------------------------
+
+    async def _gate_allows(
+        self, check: PartitionCheck, record: ConsumedRecord, events: list[HandoffEvent]
+    ) -> bool:
+        runtime, tp = check.runtime, check.tp
+        log = runtime.state.log
+        header_generation = header_value(record.headers, GENERATION_HEADER)
+        if header_generation is not None and int(header_generation) > log.current.number:
+            # Written under a generation this sidecar has not read yet: read, then decide.
+            await self.context.registry.refresh(runtime)
+            return False
+        try:
+            generation = log.generation_of(tp.partition, record.offset)
+        except ValueError:
+            return False  # a partition the log does not know yet
+        if generation in check.open_generations:
+            return True
+        waits = check.waits(generation)
+        if not waits:
+            return True
+        progress = await check.progress()
+        missing = unmet(waits, progress)
+        if missing:
+            for wait in missing:
+                await self.waits.announce(WaitKey(tp.topic, wait.source, wait.boundary), wait.kind)
+            return False
+        await self.waits.clear(tp.topic)
+        subject = Subject(tp.topic, tp.partition, generation)
+        if subject not in self._gate_reported:
+            self._gate_reported.add(subject)
+            self._audit_gate_opened(log, progress, tp, record.offset, generation)
+        if not self.teller.ledger.acknowledged(HandoffKind.KEYS_ASSIGNED, *subject):
+            announced = await self.teller.announce(HandoffKind.KEYS_ASSIGNED, subject, events)
+            if not announced:
+                return False
+        check.open_generations.add(generation)
+        return True
+
+    async def _revoked_before(
+        self, check: PartitionCheck, offset: int, events: list[HandoffEvent]
+    ) -> bool:
+        """True once the app has been told that keys of the partition moved away at every
+        boundary at or below ``offset`` the group has not committed past yet.
+
+        Asked before delivering a post-boundary record, not only before committing: a
+        rebalance between delivering it and committing it would deliver it again.
+        """
+        if check.first_revocation is None or offset < check.first_revocation:
+            return True
+        for revocation in check.revocations:
+            if not 0 < revocation.boundary <= offset:
+                continue
+            subject = Subject(check.tp.topic, revocation.partition, revocation.generation)
+            if not self.teller.ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
+                # Another instance may have got it acknowledged (this partition's owner
+                # before a rebalance): read the group's acknowledgements first, once per
+                # release, and never tell it while ZooKeeper cannot say (this raises).
+                await check.progress()
+            pending = await self.teller.revocation_pending(check.tp.topic, revocation)
+            if pending is not None:
+                if pending not in events:
+                    events.append(pending)
+                return False
+        return True
+
+    async def _tell_due_revocations(
+        self, check: PartitionCheck, state: PartitionState, events: list[HandoffEvent]
+    ) -> None:
+        """Tell the app of every change that moved keys away from this partition at a
+        boundary it has delivered up to and the group has not acknowledged yet.
+
+        Also when the group had reached the boundary before the change committed: that
+        is the common case (produces are held during the barrier, so consumers catch
+        up), and the app must flush its state for the keys all the same.
+        """
+        if check.first_revocation is None or state.delivered is None:
+            return
+        if state.delivered < check.first_revocation:
+            return
+        log, tp = check.runtime.state.log, check.tp
+        acknowledged = self.teller.acknowledged
+        if not revocations_due(log, tp.partition, state.delivered, acknowledged(tp.topic)):
+            return
+        await check.progress()  # reads the group's acknowledgements once per release
+        for revocation in revocations_due(
+            log, tp.partition, state.delivered, acknowledged(tp.topic)
+        ):
+            try:
+                # Nothing of this instance waits for it: one try per poll, not a stall.
+                pending = await self.teller.revocation_pending(tp.topic, revocation, patient=False)
+            except CallbackFailed as exc:
+                _log.info("keys_revoked callback deferred to the next poll: %s", exc.message)
+                return
+            if pending is not None and pending not in events:
+                events.append(pending)
+
+    async def progress(self, runtime: TopicRuntime, topic: str) -> GroupProgress:
+        """The group's offsets of ``topic`` and the hand-off it acknowledged. Raises
+        SidecarError while Kafka or ZooKeeper cannot say."""
+        count = len(runtime.state.modes)
+        offsets = self.context.offsets
+        committed = await offsets.committed_offsets(self.group, topic, count)
+        log_start = await offsets.log_start_offsets(topic, count)
+        acknowledged = await self.teller.read_group(topic)
+        return GroupProgress(
+            committed,
+            dict(enumerate(log_start)),
+            runtime.state.modes,
+            revoked_through=revoked_through(runtime.state.log, acknowledged),
+        )
+
+    # Audit --------------------------------------------------------------------------------
+
+    def _audit_gate_opened(
+        self,
+        log: GenerationLog,
+        progress: GroupProgress,
+        tp: TopicPartition,
+        offset: int,
+        generation: int,
+    ) -> None:
+        evidence = [
+            {
+                "source": wait.source,
+                "boundary": wait.boundary,
+                "committed": progress.committed.get(wait.source),
+                "log_start": progress.log_start.get(wait.source),
+                "mode": progress.modes[wait.source].value
+                if wait.source < len(progress.modes)
+                else None,
+            }
+            for wait in waits_into(log, tp.partition, generation)
+        ]
+        self.context.audit.emit(
+            audit_events.gate_opened(
+                group=self.group,
+                instance=self.instance_id,
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=offset,
+                generation=generation,
+                evidence=evidence,
+            )
+        )
+
+    def audit_delivered(self, result: PollResult) -> None:
+        """Record what reached the app (called once the response is encoded)."""
+        audit = self.context.audit
+        if not audit.enabled:
+            return
+        rate = self.context.audit_sample_rate
+        for record in result.records:
+            if not key_sampled(record.key, rate):
+                continue
+            audit.emit(
+                audit_events.delivered(
+                    group=self.group,
+                    instance=self.instance_id,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    key=record.key,
+                    headers={k: v for k, v in record.headers if v is not None},
+                )
+            )

@@ -1,0 +1,156 @@
+"""Releasing records through the gate (``sidecar.service.release``), with fakes of the
+adapters and of the sidecar around the instance: no cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sidecar.core.consume import TopicPartition
+from sidecar.core.errors import MetadataUnavailable
+from sidecar.core.handoff import Revocation
+from sidecar.service.handoff import HandoffTeller
+from sidecar.service.notices import AssignmentNotices
+from sidecar.service.partitions import PartitionBuffers
+from sidecar.service.release import Release
+from sidecar.service.waits import GateWaits
+
+
+class _Store:
+    """The group's keys_revoked acknowledgements and gate waits, as ZooKeeper holds them."""
+
+    def __init__(self) -> None:
+        self.acknowledged: list[tuple[str, str, int, int]] = []
+        self.waiting: list[tuple[str, str, int, int, str]] = []
+
+    async def acknowledge_revocation(
+        self, group: str, topic: str, partition: int, generation: int
+    ) -> None:
+        self.acknowledged.append((group, topic, partition, generation))
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
+        return {(p, g) for (gr, t, p, g) in self.acknowledged if (gr, t) == (group, topic)}
+
+    async def register_group(self, group: str) -> None:
+        pass
+
+    async def waits(self, group: str, topic: str) -> dict[int, int]:
+        found: dict[int, int] = {}
+        for g, t, source, boundary, _ in self.waiting:
+            if (g, t) == (group, topic):
+                found[source] = max(boundary, found.get(source, 0))
+        return found
+
+    async def add_wait(
+        self, group: str, topic: str, source: int, boundary: int, instance: str
+    ) -> None:
+        self.waiting.append((group, topic, source, boundary, instance))
+
+    async def remove_wait(
+        self, group: str, topic: str, source: int, boundary: int, instance: str
+    ) -> None:
+        self.waiting.remove((group, topic, source, boundary, instance))
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.counts: dict[TopicPartition, int] = {}
+        self.waiting = 0
+
+    def delivered(self, tp: TopicPartition, records: Any, managed: bool) -> None:
+        self.counts[tp] = self.counts.get(tp, 0) + len(records)
+
+    def gate_waiting(self, topic: str, group: str, delta: int) -> None:
+        self.waiting += delta
+
+    def gate_waited(self, topic: str, group: str, kind: object, seconds: float) -> None:
+        pass
+
+    def lag(self, group: str, tp: TopicPartition, records: int) -> None:
+        pass
+
+
+def _release(
+    teller: HandoffTeller, context: Any, consumer: Any = None, *, assignment_events: bool = False
+) -> Release:
+    lock = asyncio.Lock()
+    metrics: Any = _Metrics()
+    return Release(
+        "g",
+        teller.instance_id,
+        context,
+        PartitionBuffers(),
+        teller,
+        GateWaits("g", "s-" + teller.instance_id, teller.store, metrics),
+        AssignmentNotices(
+            "g", teller.instance_id, enabled=assignment_events, callbacks=None, delivery_lock=lock
+        ),
+        consumer=lambda: consumer,
+        manual=lambda: False,
+        delivery_lock=lock,
+    )
+
+
+class _Check:
+    """The release loop's view of one partition: its revocation points, and the group's
+    progress, whose reading refreshes the teller's record of the group's
+    acknowledgements (as ``Release.progress`` does)."""
+
+    def __init__(
+        self, teller: HandoffTeller, revocation: Revocation, group_acknowledged: bool
+    ) -> None:
+        self.tp = TopicPartition("t", revocation.partition)
+        self.revocations = [revocation]
+        self.first_revocation = revocation.boundary
+        self.reads = 0
+        self._teller = teller
+        self._acknowledged = group_acknowledged
+        self.zookeeper_away = False
+
+    async def progress(self) -> None:
+        self.reads += 1
+        if self.zookeeper_away:
+            raise MetadataUnavailable()
+        if self._acknowledged:
+            teller = self._teller
+            teller.ledger = teller.ledger.with_group_revocations(
+                "t", {(self.revocations[0].partition, self.revocations[0].generation)}
+            )
+
+
+def _events_release() -> Release:
+    """A release of an instance in events mode (no callback URL)."""
+    teller = HandoffTeller("g", "new-owner", _Store(), None)
+    unused: Any = SimpleNamespace()
+    return _release(teller, unused)
+
+
+async def test_a_new_owner_does_not_tell_what_the_group_acknowledged() -> None:
+    # The partition's previous owner got keys_revoked acknowledged; the new owner
+    # delivers past the boundary with a ledger that has not read the group since.
+    release = _events_release()
+    revocation = Revocation(partition=1, generation=4, boundary=20)
+    check: Any = _Check(release.teller, revocation, group_acknowledged=True)
+    events: list[Any] = []
+    assert await release._revoked_before(check, 25, events)
+    assert events == []
+    assert check.reads == 1
+
+
+async def test_nothing_is_told_while_the_group_cannot_be_read() -> None:
+    release = _events_release()
+    revocation = Revocation(partition=1, generation=4, boundary=20)
+    check: Any = _Check(release.teller, revocation, group_acknowledged=False)
+    check.zookeeper_away = True
+    events: list[Any] = []
+    with pytest.raises(MetadataUnavailable):
+        await release._revoked_before(check, 25, events)
+    assert events == []
+    # Once it answers (and nobody acknowledged it), the new owner tells it.
+    check.zookeeper_away = False
+    assert not await release._revoked_before(check, 25, events)
+    assert [e.kind.value for e in events] == ["keys_revoked"]
