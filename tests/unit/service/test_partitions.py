@@ -20,6 +20,7 @@ from aiokafka.structs import ConsumerRecord
 from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
+from sidecar.service.partitions import PartitionBuffers, PartitionState
 from sidecar.service.partitions import delivered as _delivered
 from sidecar.service.release import PollResult
 
@@ -109,3 +110,34 @@ async def test_records_dropped_for_a_lost_partition_are_fetched_again_when_it_re
     consumer.next_fetch = {TP: _records(871, 889)}
     await instance.fetcher.fetch(fake, 0.01)
     assert [r.offset for r in instance.partitions[TP].buffer] == list(range(871, 890))
+
+
+def test_a_refetch_keeps_only_records_past_what_was_buffered_or_delivered() -> None:
+    state = PartitionState(delivered=3)
+    state.take(_records(0, 5))
+    assert [r.offset for r in state.buffer] == [3, 4, 5]
+    state.take(_records(4, 7))
+    assert [r.offset for r in state.buffer] == [3, 4, 5, 6, 7]
+
+
+def test_skipped_offsets_below_the_head_or_the_fetch_position_count_as_delivered() -> None:
+    state = PartitionState(delivered=2)
+    state.take(_records(5, 6))  # 2-4: markers and aborted records
+    state.skip_invisible()
+    assert state.delivered == 5
+    state.buffer.clear()
+    state.fetched_to = 9
+    state.skip_invisible()
+    assert state.delivered == 9
+    state.fetched_to = 4  # never backwards
+    state.skip_invisible()
+    assert state.delivered == 9
+
+
+def test_buffers_follow_the_assignment_and_report_full_partitions() -> None:
+    buffers = PartitionBuffers()
+    other = TopicPartition("t", 5)
+    buffers.take({TP: _records(0, 2), other: _records(0, 0)})
+    assert buffers.full([TP, other], 3) == [TP]
+    assert buffers.keep_only({TP}) == [other]
+    assert list(buffers) == [TP]

@@ -1,0 +1,225 @@
+"""The consumer instance front class over fakes of its adapters: subscribing, the
+rebalance handler, polls through the gate, commits and seeks. No cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.core.consume import TopicPartition
+from sidecar.core.errors import BadRequest, ConsumerStateConflict
+from sidecar.service.instance import ConsumerInstance, InstanceConfig
+from tests.unit.service import fakes
+
+TP0 = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+
+
+async def _subscribed(
+    context: fakes.Context, *, auto_commit: bool = False, assignment_events: bool = False
+) -> ConsumerInstance:
+    config = InstanceConfig(
+        group="g",
+        name="i",
+        format="binary",
+        auto_commit=auto_commit,
+        assignment_events=assignment_events,
+    )
+    instance = ConsumerInstance(config, context.build(), instance_key="s-i")
+    await instance.subscribe(["t"], None)
+    return instance
+
+
+async def _assign(context: fakes.Context, instance: ConsumerInstance, *tps: TopicPartition) -> None:
+    context.consumer.assigned = set(tps)
+    await instance.partitions_assigned(set(tps))
+
+
+async def test_an_unmanaged_topic_is_delivered_in_offset_order() -> None:
+    context = fakes.Context()
+    instance = await _subscribed(context)
+    assert context.consumer.handler is instance
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 4)}
+    context.consumer.highwaters[TP0] = 9
+    result = await instance.poll(0.05, None)
+    assert [r.offset for r in result.records] == [0, 1, 2, 3, 4]
+    assert context.metrics.delivered_counts == {TP0: 5}
+    assert context.metrics.lags == {TP0: 4}
+
+
+async def test_a_poll_stops_at_max_bytes_and_keeps_the_rest() -> None:
+    context = fakes.Context()
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 4)}
+    first = await instance.poll(0.05, 4)  # each record is 2 bytes (key and value)
+    assert [r.offset for r in first.records] == [0, 1]
+    second = await instance.poll(0.05, None)
+    assert [r.offset for r in second.records] == [2, 3, 4]
+
+
+async def test_a_gated_record_waits_for_the_group_and_keys_assigned() -> None:
+    # Partition 1 took keys of partition 0 at its offset 5: its first record waits until
+    # the group committed partition 0 to 5 and acknowledged that keys_revoked, then the
+    # app is told keys_assigned, and the record follows once it acknowledges that.
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5)))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP1)
+    context.consumer.next_fetch = {TP1: fakes.records("t", 1, 0, 1)}
+    held = await instance.poll(0.03, None)
+    assert held.records == []
+    assert held.events == []
+    assert context.store.waiting == [("g", "t", 0, 5, "s-i")]
+    assert context.metrics.waiting == 1
+
+    context.offsets.committed[("g", "t")] = {0: 5}
+    context.store.acknowledged.append(("g", "t", 0, 1))
+    told = await instance.poll(0.03, None)
+    assert told.records == []
+    assert [(e.kind.value, e.partition, e.generation) for e in told.events] == [
+        ("keys_assigned", 1, 1)
+    ]
+    assert context.store.waiting == []
+    assert context.metrics.waiting == 0
+    assert [e["type"] for e in context.audit.events] == ["gate_opened"]
+
+    await instance.acknowledge_events([told.events[0].event_id])
+    released = await instance.poll(0.03, None)
+    assert [r.offset for r in released.records] == [0, 1]
+    assert released.events == []
+
+
+async def test_relocation_tombstones_are_skipped_but_count_as_delivered() -> None:
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(0), ordered=False))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {
+        TP0: [fakes.Record("t", 0, 0), fakes.tombstone("t", 0, 1), fakes.Record("t", 0, 2)]
+    }
+    result = await instance.poll(0.05, None)
+    assert [r.offset for r in result.records] == [0, 2]
+    await instance.commit(None)
+    assert context.consumer.commits == [{TP0: 3}]
+
+
+async def test_a_commit_names_the_last_record_and_covers_what_follows_it() -> None:
+    # A read-committed fetch ends past a transaction marker: committing the last
+    # record's next offset commits the fetch position.
+    context = fakes.Context()
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 2)}
+    await instance.poll(0.05, None)
+    context.consumer.positions[TP0] = 4  # a marker at 3
+    await instance.poll(0.02, None)
+    await instance.commit({TP0: 3})
+    assert context.consumer.commits == [{TP0: 4}]
+    assert context.metrics.commits == 1
+    assert [(e["type"], e["offset"]) for e in context.audit.events] == [("committed", 4)]
+
+
+async def test_a_commit_beyond_the_delivered_position_is_refused() -> None:
+    context = fakes.Context()
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 2)}
+    await instance.poll(0.05, None)
+    with pytest.raises(BadRequest, match="beyond the delivered position 3"):
+        await instance.commit({TP0: 7})
+    with pytest.raises(BadRequest, match="not assigned"):
+        await instance.commit({TP1: 0})
+    assert context.consumer.commits == []
+
+
+async def test_a_commit_past_an_unacknowledged_revocation_is_refused() -> None:
+    # Partition 0's keys moved away at offset 2: the app must acknowledge keys_revoked
+    # before a commit passes it; the event is in the next records response.
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(2)))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 1)}
+    result = await instance.poll(0.05, None)
+    assert [r.offset for r in result.records] == [0, 1]
+    with pytest.raises(ConsumerStateConflict, match="acknowledge event 1"):
+        await instance.commit(None)
+    told = await instance.poll(0.02, None)
+    assert [(e.kind.value, e.partition) for e in told.events] == [("keys_revoked", 0)]
+    await instance.acknowledge_events([told.events[0].event_id])
+    assert context.store.acknowledged == [("g", "t", 0, 1)]
+    await instance.commit(None)
+    assert context.consumer.commits == [{TP0: 2}]
+
+
+async def test_auto_commit_stops_below_an_unacknowledged_revocation() -> None:
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(2)))
+    instance = await _subscribed(context, auto_commit=True)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 1)}
+    await instance.poll(0.05, None)
+    await instance.offsets.auto_commit(force=True)
+    assert context.consumer.commits == [{TP0: 1}]
+
+
+async def test_a_revoked_partition_is_committed_and_forgotten() -> None:
+    context = fakes.Context()
+    instance = await _subscribed(context, auto_commit=True)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 2)}
+    await instance.poll(0.05, None)
+    await instance.partitions_revoked({TP0})
+    assert context.consumer.commits[-1] == {TP0: 3}
+    assert TP0 not in instance.partitions
+
+
+async def test_records_wait_for_their_partitions_assigned_notice() -> None:
+    context = fakes.Context()
+    instance = await _subscribed(context, assignment_events=True)
+    context.consumer.assigned = {TP0}
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 0)}
+    before = await instance.poll(0.03, None)
+    assert before.records == []
+    assert before.notices == []
+    await instance.partitions_assigned({TP0})
+    after = await instance.poll(0.03, None)
+    assert [(n.kind.value, n.partitions) for n in after.notices] == [
+        ("partitions_assigned", (TP0,))
+    ]
+    assert [r.offset for r in after.records] == [0]
+
+
+async def test_seeks_need_an_assigned_partition_and_restart_its_buffer() -> None:
+    context = fakes.Context()
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 4)}
+    await instance.poll(0.05, 2)
+    with pytest.raises(BadRequest):
+        await instance.seek({TP1: 0})
+    await instance.seek({TP0: 10})
+    assert context.consumer.positions[TP0] == 10
+    assert instance.partitions[TP0].delivered == 10
+    assert not instance.partitions[TP0].buffer
+
+
+async def test_subscribe_and_manual_assignment_exclude_each_other() -> None:
+    context = fakes.Context()
+    instance = await _subscribed(context)
+    with pytest.raises(ConsumerStateConflict):
+        await instance.assign_manually([TP0])
+    await instance.unsubscribe()
+    assert context.consumer.stopped
+    await instance.assign_manually([TP0])
+    with pytest.raises(ConsumerStateConflict):
+        await instance.subscribe(["t"], None)
+
+
+async def test_a_rebalance_is_asked_only_of_subscribers_of_the_topic() -> None:
+    context = fakes.Context()
+    instance = await _subscribed(context)
+    assert not instance.rebalance_if_subscribed("other")
+    assert instance.rebalance_if_subscribed("t")
+    assert context.consumer.rejoins == 1
