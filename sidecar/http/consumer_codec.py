@@ -117,9 +117,9 @@ from sidecar.core.errors import (
 from sidecar.core.handoff import AssignmentChange, HandoffKind
 
 # Shared with the produce codec, so that both answer a malformed body in the same words.
+from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.produce_codec import (
     MAX_PARTITION,
-    EmbeddedFormat,
     _json_type,
     _parse_json,
     _refuse_unknown_fields,

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import SidecarError
+from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
     AssignmentNotice,
     CommittedOffset,
@@ -38,7 +39,7 @@ from sidecar.http.consumer_codec import (
     records_content_type,
     subscription_body,
 )
-from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE, EmbeddedFormat
+from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE
 from sidecar.http.topic_routes import TOPICS_KEY
 from sidecar.service.consumers import Consumers, new_instance_name
 from sidecar.service.instance import ConsumerInstance, InstanceConfig

@@ -62,9 +62,7 @@ import binascii
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Final, NoReturn, NotRequired, TypeAlias, TypedDict, TypeVar
+from typing import Final, NoReturn, NotRequired, TypedDict, TypeVar
 
 from sidecar.core.errors import (
     BadRequest,
@@ -72,6 +70,13 @@ from sidecar.core.errors import (
     PayloadTooLarge,
     SidecarError,
     UnsupportedMediaType,
+)
+from sidecar.core.produce import (
+    EmbeddedFormat,
+    OutgoingRecord,
+    ProduceRequest,
+    ProduceResult,
+    RecordWritten,
 )
 
 V2_RESPONSE_CONTENT_TYPE: Final = "application/vnd.kafka.v2+json"
@@ -108,63 +113,11 @@ _NO_EMBEDDED_FORMAT: Final = "application/vnd.kafka.v2+json"
 _SCHEMA_FORMATS: Final = re.compile(r"application/vnd\.kafka\.(avro|protobuf|jsonschema)\.v2\+json")
 
 
-class EmbeddedFormat(StrEnum):
-    """How record keys and values are embedded in the JSON request."""
-
-    JSON = "json"
-    BINARY = "binary"
-
-
 _FORMATS_BY_MEDIA_TYPE: Final[Mapping[str, EmbeddedFormat]] = {
     "application/vnd.kafka.json.v2+json": EmbeddedFormat.JSON,
     "application/vnd.kafka.binary.v2+json": EmbeddedFormat.BINARY,
     "application/json": EmbeddedFormat.JSON,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class OutgoingRecord:
-    """One record to write. ``value`` None is a tombstone; ``partition`` None is routed."""
-
-    key: bytes | None
-    value: bytes | None
-    partition: int | None
-    headers: tuple[tuple[str, bytes | None], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceRequest:
-    """A validated produce request: at least one record, plus the app's expectations."""
-
-    records: tuple[OutgoingRecord, ...]
-    expected_generation: int | None
-    expected_count: int | None
-    idempotency_key: str | None
-    format: EmbeddedFormat
-
-
-@dataclass(frozen=True, slots=True)
-class RecordWritten:
-    """A record Kafka acknowledged."""
-
-    partition: int
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecordFailed:
-    """A record that was not written; the other records of the request may have been."""
-
-    error_code: int
-    message: str
-
-    @classmethod
-    def from_error(cls, error: SidecarError) -> RecordFailed:
-        """The entry for a record that failed with ``error`` (its code and message)."""
-        return cls(error.error_code, error.message)
-
-
-ProduceResult: TypeAlias = RecordWritten | RecordFailed
 
 
 class OffsetEntry(TypedDict):

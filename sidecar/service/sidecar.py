@@ -40,6 +40,7 @@ from sidecar.config import Settings
 from sidecar.core.errors import (
     FencedGeneration,
     InvalidGeneration,
+    KafkaFailure,
     KafkaUnavailable,
     MetadataUnavailable,
     ProduceHoldTimeout,
@@ -47,6 +48,7 @@ from sidecar.core.errors import (
     ShuttingDown,
     SidecarError,
     UnknownGeneration,
+    UnknownPartition,
     UnknownTopic,
 )
 from sidecar.core.generations import assignable_partitions
@@ -58,9 +60,9 @@ from sidecar.core.placement import (
     sidecar_headers,
 )
 from sidecar.core.procedures import Admission, Participant, SessionState, TransactionalId
+from sidecar.core.produce import ProduceRequest, ProduceResult, RecordFailed, RecordWritten
 from sidecar.core.routing import default_partition
 from sidecar.core.topics import TopicState
-from sidecar.http.produce_codec import ProduceRequest, ProduceResult, RecordFailed, RecordWritten
 from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
@@ -679,7 +681,9 @@ class Sidecar:
                     else next(self._unkeyed) % count
                 )
             elif not 0 <= target < count:
-                results[index] = RecordFailed(40402, f"partition {target} does not exist")
+                results[index] = RecordFailed.from_error(
+                    UnknownPartition(f"partition {target} does not exist")
+                )
                 continue
             outgoing.append(OutgoingKafkaRecord(target, record.key, record.value, record.headers))
             owners.append(index)
@@ -709,8 +713,8 @@ class Sidecar:
 def _result(outcome: SentRecord | SendFailed) -> ProduceResult:
     if isinstance(outcome, SentRecord):
         return RecordWritten(outcome.partition, outcome.offset)
-    code = 50002 if outcome.retriable else 50001
-    return RecordFailed(code, str(outcome))
+    error = KafkaUnavailable if outcome.retriable else KafkaFailure
+    return RecordFailed.from_error(error(str(outcome)))
 
 
 def _sequence_of(record: OutgoingKafkaRecord) -> int:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from multidict import MultiDict
 
 from sidecar.core.errors import BadRequest, InvalidRecord, NotAcceptable, UnsupportedMediaType
+from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
     MAX_CALLBACK_TIMEOUT_MS,
     MAX_EVENT_ID,
@@ -56,7 +57,7 @@ from sidecar.http.consumer_codec import (
     records_content_type,
     subscription_body,
 )
-from sidecar.http.produce_codec import MAX_PARTITION, EmbeddedFormat
+from sidecar.http.produce_codec import MAX_PARTITION
 
 V2 = "application/vnd.kafka.v2+json"
 BINARY_V2 = "application/vnd.kafka.binary.v2+json"

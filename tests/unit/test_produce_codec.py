@@ -20,16 +20,18 @@ from sidecar.core.errors import (
     PayloadTooLarge,
     UnsupportedMediaType,
 )
-from sidecar.http.produce_codec import (
-    MAX_GENERATION,
-    MAX_IDEMPOTENCY_KEY_LENGTH,
-    MAX_PARTITION,
+from sidecar.core.produce import (
     EmbeddedFormat,
     OutgoingRecord,
     ProduceRequest,
     ProduceResult,
     RecordFailed,
     RecordWritten,
+)
+from sidecar.http.produce_codec import (
+    MAX_GENERATION,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+    MAX_PARTITION,
     decode_produce_request,
     embedded_format,
     encode_produce_response,
