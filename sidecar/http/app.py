@@ -37,7 +37,7 @@ from sidecar.core.errors import (
     SidecarError,
 )
 from sidecar.core.procedures import OperationKind, Phase
-from sidecar.core.serialization import operation_to_json
+from sidecar.http.admin_codec import description_body, operation_body, topic_body
 from sidecar.http.connections import connection_middleware
 from sidecar.http.edge import partition_in_path, path_names_middleware
 from sidecar.http.error_map import errors_middleware
@@ -49,7 +49,7 @@ from sidecar.http.produce_codec import (
 from sidecar.http.topic_routes import TOPICS_KEY
 from sidecar.http.topic_routes import add_routes as add_topic_routes
 from sidecar.metrics import SidecarMetrics
-from sidecar.service.admin import CreateTopic, TopicAdmin, describe_state
+from sidecar.service.admin import CreateTopic, TopicAdmin
 from sidecar.service.changes import ChangeRequest, ChangeRunner
 from sidecar.service.idempotency import IdempotencyCache
 from sidecar.service.sidecar import ProduceOutcome, Sidecar
@@ -111,7 +111,7 @@ async def readyz(request: web.Request) -> web.Response:
     sidecar = request.app[SIDECAR_KEY]
     ready = sidecar.ready
     return web.json_response(
-        {"ready": ready, "zookeeper": sidecar.store.session_state.value},
+        {"ready": ready, "zookeeper": sidecar.zookeeper_state.value},
         status=200 if ready else 503,
     )
 
@@ -286,7 +286,7 @@ async def admin_create(request: web.Request) -> web.Response:
         configs=configs,
     )
     state = await request.app[ADMIN_KEY].create(create)
-    return web.json_response(describe_state(state), status=201)
+    return web.json_response(topic_body(state), status=201)
 
 
 async def admin_adopt(request: web.Request) -> web.Response:
@@ -297,12 +297,13 @@ async def admin_adopt(request: web.Request) -> web.Response:
         compacted=_field(document, "compacted", bool, False),
         ordered_delivery=_field(document, "ordered_delivery", bool, True),
     )
-    return web.json_response(describe_state(state), status=201)
+    return web.json_response(topic_body(state), status=201)
 
 
 async def admin_describe(request: web.Request) -> web.Response:
     _authorize(request)
-    return web.json_response(await request.app[ADMIN_KEY].describe(request.match_info["topic"]))
+    description = await request.app[ADMIN_KEY].describe(request.match_info["topic"])
+    return web.json_response(description_body(description))
 
 
 async def admin_change_count(request: web.Request) -> web.Response:
@@ -327,4 +328,4 @@ async def admin_change_count(request: web.Request) -> web.Response:
     operation = await request.app[CHANGES_KEY].change(change)
     if not change.validate_only and operation.phase is not Phase.DONE:
         raise ChangeRolledBack(f"the change was rolled back: {operation.outcome}")
-    return web.json_response(operation_to_json(operation) | {"validate_only": change.validate_only})
+    return web.json_response(operation_body(operation) | {"validate_only": change.validate_only})

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from sidecar.adapters.kafka import KafkaGateway, TopicExists
 from sidecar.adapters.zookeeper import MetadataStore
@@ -20,17 +19,25 @@ from sidecar.core import names
 from sidecar.core.errors import BadRequest, InvalidPartitionCount, TopicAlreadyManaged, UnknownTopic
 from sidecar.core.generations import GenerationLog, PartitionMode
 from sidecar.core.procedures import MAX_PARTITION_COUNT
-from sidecar.core.serialization import (
-    config_to_json,
-    generation_to_json,
-    modes_to_json,
-    operation_to_json,
-    pending_to_json,
-)
 from sidecar.core.topics import TopicConfig, TopicState
 from sidecar.metrics import SidecarMetrics
 
 MAX_REPLICATION_FACTOR = 2**15 - 1
+
+
+@dataclass(frozen=True)
+class LockHolding:
+    """Who holds a topic's change lock, for what, and for how long so far."""
+
+    holder: str
+    purpose: str
+    age_s: float
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    state: TopicState
+    lock: LockHolding | None
 
 
 @dataclass(frozen=True)
@@ -126,18 +133,18 @@ class TopicAdmin:
                 )
             )
 
-    async def describe(self, name: str) -> dict[str, Any]:
+    async def describe(self, name: str) -> TopicDescription:
         """The topic's metadata, and who holds its change lock (and for how long)."""
         state = await self.store.read_topic(name)
         holder = await self.store.lock_holder(name)
         lock = None
         if holder is not None:
-            lock = {
-                "holder": holder.owner,
-                "purpose": holder.purpose,
-                "age_s": round(max(0.0, time.time() - holder.acquired_at), 3),
-            }
-        return describe_state(state) | {"lock": lock}
+            lock = LockHolding(
+                holder=holder.owner,
+                purpose=holder.purpose,
+                age_s=round(max(0.0, time.time() - holder.acquired_at), 3),
+            )
+        return TopicDescription(state, lock)
 
     async def _refuse_managed(self, name: str) -> None:
         try:
@@ -151,22 +158,3 @@ class TopicAdmin:
         modes = (PartitionMode.READ_WRITE,) * count
         await self.store.create_topic(config, log.current, modes)
         return await self.store.read_topic(config.name)
-
-
-def describe_state(state: TopicState) -> dict[str, Any]:
-    """The admin API's JSON view of a managed topic."""
-    return {
-        "config": config_to_json(state.config),
-        "generation": state.current.number,
-        "undeleted_count": state.current.undeleted_count,
-        "physical_count": len(state.modes),
-        "generations": [generation_to_json(g) for g in state.log.generations],
-        "partitions": [
-            {"partition": p, "mode": mode, "delete_after": state.delete_after[p]}
-            if p < len(state.delete_after)
-            else {"partition": p, "mode": mode, "delete_after": None}
-            for p, mode in enumerate(modes_to_json(state.modes))
-        ],
-        "pending": None if state.pending is None else pending_to_json(state.pending),
-        "operation": None if state.operation is None else operation_to_json(state.operation),
-    }

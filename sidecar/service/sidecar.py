@@ -192,6 +192,11 @@ class Sidecar:
         )
 
     @property
+    def zookeeper_state(self) -> SessionState:
+        """This sidecar's ZooKeeper session, as readiness reports it."""
+        return self.store.session_state
+
+    @property
     def transactional_id(self) -> TransactionalId:
         """The id of this incarnation's transactional producer."""
         prefix = self.settings.kafka.client_id

@@ -12,9 +12,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from sidecar.config import HttpSettings, Settings
+from sidecar.core.generations import GenerationLog, PartitionMode
+from sidecar.core.topics import TopicConfig, TopicState
+from sidecar.http.admin_codec import description_body
 from sidecar.http.app import build_app
 from sidecar.metrics import SidecarMetrics
-from sidecar.service.admin import TopicAdmin
+from sidecar.service.admin import TopicAdmin, TopicDescription
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.sidecar import Sidecar
 
@@ -22,9 +25,16 @@ TOKEN = "s3cret-tøken"
 Client = TestClient[web.Request, web.Application]
 
 
+def _described(name: str) -> TopicDescription:
+    config = TopicConfig(name, 1, 3)
+    return TopicDescription(
+        TopicState(config, GenerationLog.start(1), (PartitionMode.READ_WRITE,)), None
+    )
+
+
 class _Admin:
-    async def describe(self, name: str) -> dict[str, Any]:
-        return {"name": name}
+    async def describe(self, name: str) -> TopicDescription:
+        return _described(name)
 
 
 @pytest.fixture
@@ -64,7 +74,7 @@ async def test_the_token_is_accepted_with_the_scheme_in_any_case(
     client: Client, authorization: str
 ) -> None:
     status, body, _ = await _raw(client, authorization.encode())
-    assert (status, body) == (200, {"name": "t"})
+    assert (status, body) == (200, description_body(_described("t")))
 
 
 @pytest.mark.parametrize(
