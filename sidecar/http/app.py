@@ -22,7 +22,7 @@ import hmac
 import json
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -41,6 +41,7 @@ from sidecar.http.admin_codec import description_body, operation_body, topic_bod
 from sidecar.http.connections import connection_middleware
 from sidecar.http.edge import partition_in_path, path_names_middleware
 from sidecar.http.error_map import errors_middleware
+from sidecar.http.json_body import field, is_utf8, json_object
 from sidecar.http.produce_codec import (
     V2_RESPONSE_CONTENT_TYPE,
     decode_produce_request,
@@ -217,72 +218,24 @@ def _bearer_token(header: str) -> bytes | None:
         return None
 
 
-async def _json_object(
-    request: web.Request, allowed: set[str], required: set[str]
-) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip():
-        document: object = {}
-    else:
-        try:
-            document = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise BadRequest("request body must be a JSON object")
-    unknown = sorted(set(document) - allowed)
-    if unknown:
-        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
-    missing = sorted(required - set(document))
-    if missing:
-        raise BadRequest(f"missing field(s): {', '.join(missing)}")
-    return document
-
-
-def _field(document: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
-    value = document.get(name, default)
-    if value is None and default is None and name not in document:
-        return None
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise BadRequest(f"{name} must be {_kind_name(kind)}, got {json.dumps(value)}")
-    return value
-
-
-def _is_utf8(text: str) -> bool:
-    # json.loads lets "\ud800" through as a lone surrogate, which UTF-8 cannot encode.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _kind_name(kind: type) -> str:
-    return {int: "an integer", bool: "true or false", str: "a string", float: "a number"}.get(
-        kind, kind.__name__
-    )
-
-
 async def admin_create(request: web.Request) -> web.Response:
     _authorize(request)
-    document = await _json_object(
-        request,
+    document = json_object(
+        await request.read(),
         {"name", "partitions", "replication_factor", "compacted", "ordered_delivery", "configs"},
         {"name", "partitions"},
     )
-    configs = _field(document, "configs", dict, {})
+    configs = field(document, "configs", dict, {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
         raise BadRequest("configs must map config names to string values")
-    if not all(_is_utf8(text) for item in configs.items() for text in item):
+    if not all(is_utf8(text) for item in configs.items() for text in item):
         raise BadRequest("configs contain a lone UTF-16 surrogate, which Kafka cannot carry")
     create = CreateTopic(
-        name=names.topic_name(_field(document, "name", str), "name"),
-        partitions=_field(document, "partitions", int),
-        replication_factor=_field(document, "replication_factor", int, 3),
-        compacted=_field(document, "compacted", bool, False),
-        ordered_delivery=_field(document, "ordered_delivery", bool, True),
+        name=names.topic_name(field(document, "name", str), "name"),
+        partitions=field(document, "partitions", int),
+        replication_factor=field(document, "replication_factor", int, 3),
+        compacted=field(document, "compacted", bool, False),
+        ordered_delivery=field(document, "ordered_delivery", bool, True),
         configs=configs,
     )
     state = await request.app[ADMIN_KEY].create(create)
@@ -291,11 +244,11 @@ async def admin_create(request: web.Request) -> web.Response:
 
 async def admin_adopt(request: web.Request) -> web.Response:
     _authorize(request)
-    document = await _json_object(request, {"compacted", "ordered_delivery"}, set())
+    document = json_object(await request.read(), {"compacted", "ordered_delivery"}, set())
     state = await request.app[ADMIN_KEY].adopt(
         request.match_info["topic"],
-        compacted=_field(document, "compacted", bool, False),
-        ordered_delivery=_field(document, "ordered_delivery", bool, True),
+        compacted=field(document, "compacted", bool, False),
+        ordered_delivery=field(document, "ordered_delivery", bool, True),
     )
     return web.json_response(topic_body(state), status=201)
 
@@ -309,19 +262,19 @@ async def admin_describe(request: web.Request) -> web.Response:
 async def admin_change_count(request: web.Request) -> web.Response:
     """Expand or shrink to an absolute count (KIP-195 ``increaseTo``); answers when done."""
     _authorize(request)
-    document = await _json_object(
-        request, {"count", "kind", "validate_only", "delete_after_seconds"}, {"count"}
+    document = json_object(
+        await request.read(), {"count", "kind", "validate_only", "delete_after_seconds"}, {"count"}
     )
-    kind = _field(document, "kind", str)
+    kind = field(document, "kind", str)
     if kind is not None and kind not in {k.value for k in OperationKind}:
         raise BadRequest(f"kind must be expand or shrink, got {json.dumps(kind)}")
-    delete_after = _field(document, "delete_after_seconds", float)
+    delete_after = field(document, "delete_after_seconds", float)
     if delete_after is not None and delete_after < 0:
         raise BadRequest("delete_after_seconds must not be negative")
     change = ChangeRequest(
         topic=request.match_info["topic"],
-        target_count=_field(document, "count", int),
-        validate_only=_field(document, "validate_only", bool, False),
+        target_count=field(document, "count", int),
+        validate_only=field(document, "validate_only", bool, False),
         delete_after_seconds=delete_after,
         kind=None if kind is None else OperationKind(kind),
     )

@@ -118,11 +118,9 @@ from sidecar.core.handoff import AssignmentChange, HandoffKind
 
 # Shared with the produce codec, so that both answer a malformed body in the same words.
 from sidecar.core.produce import EmbeddedFormat
+from sidecar.http.json_body import json_type, parse_json, refuse_unknown_fields
 from sidecar.http.produce_codec import (
     MAX_PARTITION,
-    _json_type,
-    _parse_json,
-    _refuse_unknown_fields,
 )
 
 MAX_OFFSET: Final = 2**63 - 1
@@ -408,7 +406,7 @@ def decode_create_consumer(
     ``allow_remote_callbacks`` is False).
     """
     document = _parse_optional_object(body, content_type) or {}
-    _refuse_unknown_fields(document, _CREATE_KNOWN_FIELDS, "request", BadRequest)
+    refuse_unknown_fields(document, _CREATE_KNOWN_FIELDS, "request", BadRequest)
     fields = _resolve_aliases(document)
     callback_url = _decode_callback_url(fields.get("callback_url"), allow_remote_callbacks)
     callback_timeout_ms = _strict_int(
@@ -465,7 +463,7 @@ def _decode_instance_name(raw: object) -> str | None:
     if raw is None:
         return None
     if not isinstance(raw, str):
-        raise BadRequest(f"name must be a string, got {_json_type(raw)}")
+        raise BadRequest(f"name must be a string, got {json_type(raw)}")
     return names.instance_name(raw, "name")
 
 
@@ -473,7 +471,7 @@ def _decode_format(raw: object) -> EmbeddedFormat:
     if raw is None:
         return EmbeddedFormat.BINARY
     if not isinstance(raw, str):
-        raise BadRequest(f"format must be a string, got {_json_type(raw)}")
+        raise BadRequest(f"format must be a string, got {json_type(raw)}")
     name = raw.lower()
     if name in _SCHEMA_FORMATS:
         raise InvalidConsumerConfig(
@@ -600,7 +598,7 @@ def decode_subscription(body: bytes, *, content_type: str | None) -> Subscriptio
     refuses, a topic named twice, a pattern that is not a Python regex).
     """
     document = _parse_object(body, content_type)
-    _refuse_unknown_fields(document, _SUBSCRIPTION_FIELDS, "request", BadRequest)
+    refuse_unknown_fields(document, _SUBSCRIPTION_FIELDS, "request", BadRequest)
     topics = document.get("topics")
     pattern = document.get("topic_pattern")
     if (topics is None) == (pattern is None):
@@ -617,7 +615,7 @@ def decode_subscription(body: bytes, *, content_type: str | None) -> Subscriptio
 
 def _decode_pattern(raw: object) -> str:
     if not isinstance(raw, str):
-        raise BadRequest(f"topic_pattern must be a string, got {_json_type(raw)}")
+        raise BadRequest(f"topic_pattern must be a string, got {json_type(raw)}")
     if not 1 <= len(raw) <= MAX_TOPIC_PATTERN_LENGTH:
         raise BadRequest(
             f"topic_pattern must be 1 to {MAX_TOPIC_PATTERN_LENGTH} characters, got {len(raw)}"
@@ -819,7 +817,7 @@ def decode_commit_offsets(
     document = _parse_optional_object(body, content_type)
     if document is None:
         return None
-    _refuse_unknown_fields(document, frozenset({"offsets"}), "request", BadRequest)
+    refuse_unknown_fields(document, frozenset({"offsets"}), "request", BadRequest)
     if document.get("offsets") is None:
         return None
     raw_offsets = _list_field(document["offsets"], "offsets")
@@ -836,7 +834,7 @@ def _decode_offset_to_commit(raw: object, where: str) -> OffsetToCommit:
     offset = _required_int(entry, "offset", where, 0, MAX_OFFSET - 1)
     metadata = entry.get("metadata")
     if metadata is not None and not isinstance(metadata, str):
-        raise BadRequest(f"{where}.metadata must be a string, got {_json_type(metadata)}")
+        raise BadRequest(f"{where}.metadata must be a string, got {json_type(metadata)}")
     return OffsetToCommit(
         topic=_decode_topic(entry.get("topic"), f"{where}.topic"),
         partition=_required_int(entry, "partition", where, 0, MAX_PARTITION),
@@ -877,7 +875,7 @@ def decode_seek(body: bytes, *, content_type: str | None) -> SeekRequest:
     partition named twice across both lists).
     """
     document = _parse_object(body, content_type)
-    _refuse_unknown_fields(document, frozenset({"offsets", "timestamps"}), "request", BadRequest)
+    refuse_unknown_fields(document, frozenset({"offsets", "timestamps"}), "request", BadRequest)
     raw_offsets = _optional_list(document, "offsets")
     raw_timestamps = _optional_list(document, "timestamps")
     if raw_offsets is None and raw_timestamps is None:
@@ -976,7 +974,7 @@ def decode_event_ack(body: bytes, *, content_type: str | None) -> tuple[int, ...
     0 to ``MAX_EVENT_ID``, an id sent twice).
     """
     document = _parse_object(body, content_type)
-    _refuse_unknown_fields(document, frozenset({"event_ids"}), "request", BadRequest)
+    refuse_unknown_fields(document, frozenset({"event_ids"}), "request", BadRequest)
     raw_ids = _list_field(document.get("event_ids"), "event_ids")
     event_ids = tuple(
         _int_in_range(raw, f"event_ids[{i}]", 0, MAX_EVENT_ID) for i, raw in enumerate(raw_ids)
@@ -1024,17 +1022,17 @@ def _parse_optional_object(body: bytes, content_type: str | None) -> dict[str, o
     _check_content_type(content_type, has_body=has_body)
     if not has_body:
         return None
-    document = _parse_json(body)
+    document = parse_json(body)
     if document is None:
         return None
     if not isinstance(document, dict):
-        raise BadRequest(f"request body must be a JSON object, got {_json_type(document)}")
+        raise BadRequest(f"request body must be a JSON object, got {json_type(document)}")
     return document
 
 
 def _partitions_document(body: bytes, content_type: str | None) -> tuple[PartitionRef, ...]:
     document = _parse_object(body, content_type)
-    _refuse_unknown_fields(document, frozenset({"partitions"}), "request", BadRequest)
+    refuse_unknown_fields(document, frozenset({"partitions"}), "request", BadRequest)
     raw_partitions = _list_field(document.get("partitions"), "partitions")
     refs = tuple(
         _decode_partition_ref(raw, f"partitions[{i}]") for i, raw in enumerate(raw_partitions)
@@ -1057,8 +1055,8 @@ def _partition_entry(ref: PartitionRef) -> PartitionEntry:
 
 def _object_entry(raw: object, where: str, known: frozenset[str]) -> dict[str, object]:
     if not isinstance(raw, dict):
-        raise BadRequest(f"{where} must be a JSON object, got {_json_type(raw)}")
-    _refuse_unknown_fields(raw, known, where, BadRequest)
+        raise BadRequest(f"{where} must be a JSON object, got {json_type(raw)}")
+    refuse_unknown_fields(raw, known, where, BadRequest)
     return raw
 
 
@@ -1066,7 +1064,7 @@ def _list_field(raw: object, field: str) -> list[object]:
     if raw is None:
         raise BadRequest(f"{field} is missing")
     if not isinstance(raw, list):
-        raise BadRequest(f"{field} must be an array, got {_json_type(raw)}")
+        raise BadRequest(f"{field} must be an array, got {json_type(raw)}")
     return raw
 
 
@@ -1080,7 +1078,7 @@ def _decode_topic(raw: object, where: str) -> str:
         raise BadRequest(
             f"{where} is missing"
             if raw is None
-            else f"{where} must be a string, got {_json_type(raw)}"
+            else f"{where} must be a string, got {json_type(raw)}"
         )
     return names.topic_name(raw, where)
 

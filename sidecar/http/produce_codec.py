@@ -62,13 +62,12 @@ import binascii
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Final, NoReturn, NotRequired, TypedDict, TypeVar
+from typing import Final, NotRequired, TypedDict, TypeVar
 
 from sidecar.core.errors import (
     BadRequest,
     InvalidRecord,
     PayloadTooLarge,
-    SidecarError,
     UnsupportedMediaType,
 )
 from sidecar.core.produce import (
@@ -78,6 +77,7 @@ from sidecar.core.produce import (
     ProduceResult,
     RecordWritten,
 )
+from sidecar.http.json_body import json_type, parse_json, refuse_unknown_fields
 
 V2_RESPONSE_CONTENT_TYPE: Final = "application/vnd.kafka.v2+json"
 """What REST Proxy v2 answers with, produce results and errors alike."""
@@ -195,17 +195,17 @@ def decode_produce_request(
         raise PayloadTooLarge(
             f"request body is {len(body)} bytes; the limit is {max_body_bytes} bytes"
         )
-    document = _parse_json(body)
+    document = parse_json(body)
     if not isinstance(document, dict):
-        raise BadRequest(f"request body must be a JSON object, got {_json_type(document)}")
-    _refuse_unknown_fields(document, _REQUEST_FIELDS, "request", BadRequest)
+        raise BadRequest(f"request body must be a JSON object, got {json_type(document)}")
+    refuse_unknown_fields(document, _REQUEST_FIELDS, "request", BadRequest)
     _refuse_schemas(document)
     raw_records = document.get("records")
     if not isinstance(raw_records, list):
         raise BadRequest(
             "records is missing"
             if raw_records is None
-            else f"records must be an array, got {_json_type(raw_records)}"
+            else f"records must be an array, got {json_type(raw_records)}"
         )
     if not raw_records:
         raise BadRequest("records is empty; send at least one record")
@@ -244,35 +244,11 @@ def _refuse_schemas(document: Mapping[str, object]) -> None:
         )
 
 
-def _parse_json(body: bytes) -> object:
-    # RFC 8259 §8.1: JSON between systems is UTF-8, so there is nothing to sniff.
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"request body is not UTF-8 (byte {exc.start}: {exc.reason})") from None
-    try:
-        return json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise BadRequest(
-            f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    except RecursionError:
-        raise BadRequest("request body is nested too deeply") from None
-    except ValueError as exc:
-        # Raised for NaN/Infinity below and for integers too long to convert.
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-
-
-def _refuse_constant(name: str) -> NoReturn:
-    # Python's json accepts NaN and Infinity; JSON does not, and Kafka consumers will not.
-    raise ValueError(f"{name} is not a JSON value")
-
-
 def _decode_record(index: int, raw: object, fmt: EmbeddedFormat) -> OutgoingRecord:
     where = f"records[{index}]"
     if not isinstance(raw, dict):
-        raise InvalidRecord(f"{where} must be a JSON object, got {_json_type(raw)}")
-    _refuse_unknown_fields(raw, _RECORD_FIELDS, where, InvalidRecord)
+        raise InvalidRecord(f"{where} must be a JSON object, got {json_type(raw)}")
+    refuse_unknown_fields(raw, _RECORD_FIELDS, where, InvalidRecord)
     if "value" not in raw:
         raise InvalidRecord(f"{where}.value is missing; send null for a tombstone")
     return OutgoingRecord(
@@ -297,7 +273,7 @@ def _decode_payload(raw: object, fmt: EmbeddedFormat, where: str) -> bytes | Non
 
 def _decode_base64(raw: object, where: str) -> bytes:
     if not isinstance(raw, str):
-        raise InvalidRecord(f"{where} must be a base64 string or null, got {_json_type(raw)}")
+        raise InvalidRecord(f"{where} must be a base64 string or null, got {json_type(raw)}")
     try:
         return base64.b64decode(raw.encode("ascii"), validate=True)
     except (UnicodeEncodeError, binascii.Error):
@@ -317,17 +293,17 @@ def _decode_headers(raw: object, where: str) -> tuple[tuple[str, bytes | None], 
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise InvalidRecord(f"{where} must be an array, got {_json_type(raw)}")
+        raise InvalidRecord(f"{where} must be an array, got {json_type(raw)}")
     return tuple(_decode_header(header, f"{where}[{i}]") for i, header in enumerate(raw))
 
 
 def _decode_header(raw: object, where: str) -> tuple[str, bytes | None]:
     if not isinstance(raw, dict):
-        raise InvalidRecord(f"{where} must be an object, got {_json_type(raw)}")
-    _refuse_unknown_fields(raw, _HEADER_FIELDS, where, InvalidRecord)
+        raise InvalidRecord(f"{where} must be an object, got {json_type(raw)}")
+    refuse_unknown_fields(raw, _HEADER_FIELDS, where, InvalidRecord)
     name = raw.get("name")
     if not isinstance(name, str):
-        raise InvalidRecord(f"{where}.name must be a string, got {_json_type(name)}")
+        raise InvalidRecord(f"{where}.name must be a string, got {json_type(name)}")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -342,17 +318,6 @@ def _decode_header(raw: object, where: str) -> tuple[str, bytes | None]:
         raise InvalidRecord(f"{where}.value is missing; send null for a header without value")
     value = raw["value"]
     return name, None if value is None else _decode_base64(value, f"{where}.value")
-
-
-def _refuse_unknown_fields(
-    raw: Mapping[str, object],
-    known: frozenset[str],
-    where: str,
-    error: type[SidecarError],
-) -> None:
-    unknown = sorted(raw.keys() - known)
-    if unknown:
-        raise error(f"{where} has unknown field(s) {unknown}; known: {sorted(known)}")
 
 
 # Extensions ------------------------------------------------------------------------------
@@ -417,20 +382,6 @@ def _agreed(from_body: _T | None, from_header: _T | None, field: str, header: st
             f"{field} {from_body!r} in the body conflicts with {header}: {from_header!r}"
         )
     return from_body if from_body is not None else from_header
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 # Response --------------------------------------------------------------------------------
