@@ -38,6 +38,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sidecar.core.placement import (
+    GENERATION_HEADER,
+    SEQUENCE_HEADER,
+    SIDECAR_HEADER,
+    Header,
+    header_int,
+    header_value,
+)
 from sidecar.core.routing import positive_hash
 
 SCHEMA_VERSION = 1
@@ -89,11 +97,9 @@ def delivered(
     partition: int,
     offset: int,
     key: bytes | None,
-    headers: Mapping[str, bytes],
+    headers: Sequence[Header],
 ) -> Event:
-    generation = headers.get("ordered.generation")
-    producer_seq = headers.get("ordered.sequence")
-    producer = headers.get("ordered.sidecar")
+    producer = header_value(headers, SIDECAR_HEADER)
     return {
         "type": "delivered",
         "group": group,
@@ -102,9 +108,9 @@ def delivered(
         "partition": partition,
         "offset": offset,
         "key": _key(key),
-        "generation": None if generation is None else int(generation),
+        "generation": header_int(headers, GENERATION_HEADER),
         "producer": None if producer is None else producer.decode(errors="replace"),
-        "producer_seq": None if producer_seq is None else int(producer_seq),
+        "producer_seq": header_int(headers, SEQUENCE_HEADER),
     }
 
 

@@ -46,6 +46,12 @@ def header_value(headers: Sequence[Header], name: str) -> bytes | None:
     return None
 
 
+def header_int(headers: Sequence[Header], name: str) -> int | None:
+    """A header this module writes as an ASCII decimal (generation, count, sequence)."""
+    value = header_value(headers, name)
+    return None if value is None else int(value)
+
+
 def place_record(
     *,
     log: GenerationLog,

@@ -403,6 +403,6 @@ class Release:
                     partition=record.partition,
                     offset=record.offset,
                     key=record.key,
-                    headers={k: v for k, v in record.headers if v is not None},
+                    headers=record.headers,
                 )
             )

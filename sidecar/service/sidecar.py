@@ -54,6 +54,8 @@ from sidecar.core.errors import (
 from sidecar.core.generations import assignable_partitions
 from sidecar.core.placement import (
     RELOCATION_HEADER,
+    SEQUENCE_HEADER,
+    header_int,
     place_record,
     relocation_sources,
     require_key_for_tombstone,
@@ -723,10 +725,10 @@ def _result(outcome: SentRecord | SendFailed) -> ProduceResult:
 
 
 def _sequence_of(record: OutgoingKafkaRecord) -> int:
-    for name, value in record.headers:
-        if name == "ordered.sequence" and value is not None:
-            return int(value)
-    raise AssertionError("a managed record without a sequence header")
+    sequence = header_int(record.headers, SEQUENCE_HEADER)
+    if sequence is None:
+        raise AssertionError("a managed record without a sequence header")
+    return sequence
 
 
 def _unacked(participant: Participant) -> Participant:

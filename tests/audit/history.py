@@ -36,12 +36,12 @@ class Record:
     def key_b64(self) -> str:
         return base64.b64encode(self.key).decode()
 
-    def headers(self) -> dict[str, bytes]:
-        return {
-            "ordered.generation": str(self.generation).encode(),
-            "ordered.sidecar": self.producer.encode(),
-            "ordered.sequence": str(self.producer_seq).encode(),
-        }
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return [
+            ("ordered.generation", str(self.generation).encode()),
+            ("ordered.sidecar", self.producer.encode()),
+            ("ordered.sequence", str(self.producer_seq).encode()),
+        ]
 
 
 @dataclass
@@ -134,7 +134,7 @@ class History:
                 partition=partition,
                 offset=offset,
                 key=key,
-                headers={},
+                headers=[],
             ),
         )
 

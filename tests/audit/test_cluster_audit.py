@@ -150,7 +150,7 @@ async def ungated_consumer(
                 partition=partition,
                 offset=record.offset,
                 key=record.key,
-                headers={k: bytes(v) for k, v in record.headers},
+                headers=[(k, bytes(v)) for k, v in record.headers],
             )
             emitted.append(audit_events.stamped(event, sidecar="ungated-app", seq=len(emitted)))
     producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap)
