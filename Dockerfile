@@ -4,7 +4,7 @@
 # a virtualenv, the runtime stage copies only that virtualenv (no pip cache, no sources).
 #
 # `./run image` builds it on machines without a registry: PYTHON_IMAGE is then a Debian
-# bookworm base made locally with debootstrap (see sidecar/devcluster/images.py).
+# bookworm base made locally with debootstrap (see ordered_dev/devcluster/images.py).
 #
 # The base is pinned by tag. Pin it by digest too where you build, e.g.
 #   docker build --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<digest> .

@@ -28,8 +28,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bench.report import command_line, machine_lines, markdown_table, write_result
-from sidecar.audit.job import AuditConfig, SparkOptions, build_session, run_audit
-from sidecar.audit.sources import conform
+from ordered_audit.job import AuditConfig, SparkOptions, build_session, run_audit
+from ordered_audit.sources import conform
 
 TOPIC = "bench-orders"
 GROUP = "bench-group"
@@ -159,7 +159,7 @@ def synthetic_events(spark: SparkSession, records: int) -> DataFrame:
         {"schema": 1, "sidecar": "control-sc", "seq": n, "evidence": None} | event
         for n, event in enumerate(others)
     ]
-    from sidecar.audit.sources import events_from_dicts
+    from ordered_audit.sources import events_from_dicts
 
     small = events_from_dicts(spark, rows)
     return conform(acked).unionByName(conform(delivered)).unionByName(small)

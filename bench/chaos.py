@@ -34,8 +34,8 @@ from pathlib import Path
 
 from bench.machine import kafka_line
 from bench.report import RESULTS_DIR, command_line, machine_lines
-from sidecar.devcluster.cluster import LocalCluster
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.cluster import LocalCluster
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.support.chaos.plan import ChaosConfig
 from tests.support.chaos.report import dump, render
 from tests.support.chaos.runner import ChaosOutcome, ChaosRun

@@ -52,7 +52,7 @@ from bench.harness import (
 from bench.machine import CpuMeter, CpuShares, cluster_pids, cores, delete_root, kafka_line
 from bench.produce import Sidecar
 from bench.report import markdown_table, measure_and_write
-from sidecar.devcluster.provider import provide_cluster
+from ordered_dev.devcluster.provider import provide_cluster
 
 PARTITIONS = 6
 KEY_BYTES = 16

@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import yaml
 
-from sidecar.devcluster.provider import provide_cluster
+from ordered_dev.devcluster.provider import provide_cluster
 from tests.integration.consumers import CallbackApp, create_consumer
 from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
 from tests.ops.support import (

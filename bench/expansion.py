@@ -61,7 +61,7 @@ from bench.harness import (
 from bench.machine import CpuMeter, CpuShares, cluster_pids, kafka_line, remove_data
 from bench.produce import Sidecar
 from bench.report import markdown_table, measure_and_write
-from sidecar.devcluster.provider import provide_cluster
+from ordered_dev.devcluster.provider import provide_cluster
 
 SIDECARS = 3
 INITIAL_PARTITIONS = 6

@@ -62,8 +62,8 @@ from bench.harness import (
 from bench.machine import kafka_line, remove_data
 from bench.produce import Sidecar
 from bench.report import markdown_table, measure_and_write
+from ordered_dev.devcluster.provider import provide_cluster
 from sidecar.core.routing import partition_for_key
-from sidecar.devcluster.provider import provide_cluster
 
 JSON_V2 = "application/vnd.kafka.json.v2+json"
 STEP_TIMEOUT_S = 30.0

@@ -13,8 +13,8 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 from kazoo.client import KazooClient
 
-from sidecar.devcluster.install import KAFKA_VERSION
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.install import KAFKA_VERSION
+from ordered_dev.devcluster.provider import ClusterEndpoints
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

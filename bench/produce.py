@@ -27,7 +27,7 @@ Throughput keeps a fixed number of records in flight (direct: ``--window`` send(
 futures; sidecar: ``--connections`` concurrent requests of ``--batch`` records each;
 by default both 400). Latency is one record at a time, each waited for.
 
-The cluster is ``sidecar.devcluster.provider.provide_cluster()``: an external one when
+The cluster is ``ordered_dev.devcluster.provider.provide_cluster()``: an external one when
 ``SIDECAR_TEST_KAFKA_BOOTSTRAP`` and ``SIDECAR_TEST_ZOOKEEPER_HOSTS`` are set, otherwise
 a fresh local ZooKeeper + 3 KRaft brokers, stopped at the end.
 """
@@ -60,17 +60,17 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.machine import CpuMeter, CpuShares, cluster_pids, cores, delete_root, kafka_line
 from bench.report import markdown_table, measure_and_write
-from sidecar.adapters.kafka import OutgoingKafkaRecord, SentRecord
-from sidecar.adapters.transactions import TransactionalWriter
-from sidecar.config import KafkaSettings
-from sidecar.devcluster.install import (
+from ordered_dev.devcluster.install import (
     _SLF4J_VERSION,
     KAFKA_VERSION,
     _ensure_libs,
     cache_root,
     ensure_installed,
 )
-from sidecar.devcluster.provider import ClusterEndpoints, provide_cluster
+from ordered_dev.devcluster.provider import ClusterEndpoints, provide_cluster
+from sidecar.adapters.kafka import OutgoingKafkaRecord, SentRecord
+from sidecar.adapters.transactions import TransactionalWriter
+from sidecar.config import KafkaSettings
 
 PARTITIONS = 6
 KEY_BYTES = 16

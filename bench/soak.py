@@ -18,7 +18,7 @@ memory (VmRSS from ``/proc/<pid>/status``) is sampled at the start, every minute
 at the end. The result goes to ``results/soak.md``; the exit status is 1 if the
 guarantee was violated.
 
-The cluster is ``sidecar.devcluster.provider.provide_cluster()``: an external one when
+The cluster is ``ordered_dev.devcluster.provider.provide_cluster()``: an external one when
 ``SIDECAR_TEST_KAFKA_BOOTSTRAP`` and ``SIDECAR_TEST_ZOOKEEPER_HOSTS`` are set, otherwise
 a fresh local ZooKeeper + 3 KRaft brokers, stopped at the end.
 """
@@ -42,9 +42,9 @@ import aiohttp
 
 from bench.machine import remove_data
 from bench.report import command_line, machine_lines, markdown_table, write_result
+from ordered_dev.devcluster.install import KAFKA_VERSION
+from ordered_dev.devcluster.provider import provide_cluster
 from sidecar.config import Settings
-from sidecar.devcluster.install import KAFKA_VERSION
-from sidecar.devcluster.provider import provide_cluster
 from tests.integration.ledger import (
     Ledger,
     check_order,

@@ -1,27 +1,42 @@
-"""Command-line entry point: `sidecar <command>`."""
+"""Command-line entry point: `sidecar <command>`.
+
+The runtime commands (``serve``, ``topics``, ``inject``) are always there. The audit
+job (``audit``, package ``ordered_audit``) and the development tooling (``demo``,
+``devcluster``, ``image``, package ``ordered_dev``) are added when their packages are
+installed: the sidecar image carries only the runtime package.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+_OPTIONAL_COMMANDS = (
+    "ordered_audit.job",
+    "ordered_dev.demo.command",
+    "ordered_dev.devcluster.cli",
+    "ordered_dev.devcluster.images",
+)
+"""Modules with an ``add_parser(subparsers)``, imported only if installed."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sidecar", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     from sidecar import admin_cli
-    from sidecar.audit import job as audit_job
-    from sidecar.demo import command as demo
-    from sidecar.devcluster import cli as devcluster_cli
-    from sidecar.devcluster import images
     from sidecar.inject import server as inject_server
 
     admin_cli.add_parsers(subparsers)
-    audit_job.add_parser(subparsers)
-    demo.add_parser(subparsers)
-    devcluster_cli.add_parser(subparsers)
-    images.add_parser(subparsers)
     inject_server.add_parser(subparsers)
+    for name in _OPTIONAL_COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or name.split(".")[0] != exc.name.split(".")[0]:
+                raise  # the package is there but something it needs is not
+            continue
+        module.add_parser(subparsers)
     return parser
 
 

@@ -1,7 +1,7 @@
 """Session fixtures shared by every test.
 
 The ``cluster`` fixture starts one real cluster for the whole run (see
-``sidecar.devcluster.provider`` for which one). Tests under ``tests/integration`` are
+``ordered_dev.devcluster.provider`` for which one). Tests under ``tests/integration`` are
 marked ``integration`` automatically; they fail, never skip, when the cluster is down.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from sidecar.devcluster.provider import ClusterEndpoints, provide_cluster
+from ordered_dev.devcluster.provider import ClusterEndpoints, provide_cluster
 
 # No per-example deadline: on a 2-core machine running three brokers beside the tests,
 # example timings vary with load, and a timing is not what these properties check.

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from sidecar.audit.job import SparkOptions, build_session
+from ordered_audit.job import SparkOptions, build_session
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from sidecar.audit import checks
-from sidecar.audit.sources import events_from_dicts
+from ordered_audit import checks
+from ordered_audit.sources import events_from_dicts
 from tests.audit.history import (
     GROUP,
     KEYS,

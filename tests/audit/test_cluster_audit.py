@@ -31,13 +31,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from pyspark.sql import SparkSession
 
-from sidecar.audit import checks
+from ordered_audit import checks
+from ordered_audit.job import AuditConfig, AuditResult, run_audit
+from ordered_audit.report import change_label
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.audit import events as audit_events
-from sidecar.audit.job import AuditConfig, AuditResult, run_audit
-from sidecar.audit.report import change_label
 from sidecar.config import AuditSettings
 from sidecar.core.routing import partition_for_key
-from sidecar.devcluster.provider import ClusterEndpoints
 from sidecar.server import SidecarServer
 from tests.integration.ledger import (
     Ledger,

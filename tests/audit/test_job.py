@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from sidecar.audit import checks, prometheus
-from sidecar.audit.job import (
+from ordered_audit import checks, prometheus
+from ordered_audit.job import (
     AuditConfig,
     AuditError,
     SparkOptions,

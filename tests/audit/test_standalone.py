@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyspark
 
-from sidecar.audit import checks
+from ordered_audit import checks
 from tests.audit.history import injected, write_json_lines
 from tests.ops.support import free_port
 

@@ -1,8 +1,8 @@
 """Session fixtures of the container tests: a Docker engine and the images, built once.
 
 The engine is the one that answers, or the project's own dockerd (root on Debian,
-``sidecar.devcluster.docker_engine``), stopped when the session ends, whatever the
-outcome. Both images are built by ``sidecar.devcluster.images`` as ``./run image``
+``ordered_dev.devcluster.docker_engine``), stopped when the session ends, whatever the
+outcome. Both images are built by ``ordered_dev.devcluster.images`` as ``./run image``
 builds them: without a registry, from locally made Debian bases. What the tests
 measured (image sizes, container start-to-ready times, build times) is printed in the
 terminal summary.
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sidecar.devcluster.docker_engine import Engine, docker_engine
-from sidecar.devcluster.images import BuiltImage, build_servers_image, build_sidecar_image
+from ordered_dev.devcluster.docker_engine import Engine, docker_engine
+from ordered_dev.devcluster.images import BuiltImage, build_servers_image, build_sidecar_image
 
 MEASURED: dict[str, str] = {}
 """What the container tests measured, by name, for the terminal summary."""

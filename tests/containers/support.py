@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ordered_dev.devcluster.docker_cluster import LABEL
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.config import Settings
-from sidecar.devcluster.docker_cluster import LABEL
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import settings_environment, settings_for, unique
 from tests.ops.support import free_port
 
@@ -69,7 +69,7 @@ def run_container(
     testcontainers handle (stop it with ``.stop()``)."""
     from testcontainers.core.container import DockerContainer
 
-    from sidecar.devcluster.docker_cluster import testcontainers_defaults
+    from ordered_dev.devcluster.docker_cluster import testcontainers_defaults
 
     testcontainers_defaults()
     container = DockerContainer(

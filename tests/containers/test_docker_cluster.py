@@ -1,7 +1,7 @@
 """End to end in containers: the cluster of ``SIDECAR_TEST_CLUSTER=docker`` and sidecar containers.
 
 testcontainers runs ZooKeeper and three KRaft Kafka nodes from the test servers' image
-(``sidecar.devcluster.docker_cluster``, what ``provide_cluster`` gives for ``docker``),
+(``ordered_dev.devcluster.docker_cluster``, what ``provide_cluster`` gives for ``docker``),
 and two sidecar containers from the sidecar image beside them, all on the host's
 network. When the session's own cluster is that one (``SIDECAR_TEST_CLUSTER=docker``)
 it is used; otherwise (CI: the session cluster is local processes) this module starts
@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from sidecar.devcluster.cluster import zookeeper_serving
-from sidecar.devcluster.docker_cluster import DockerCluster
-from sidecar.devcluster.docker_engine import Engine
-from sidecar.devcluster.images import BuiltImage
-from sidecar.devcluster.provider import KIND_ENV, ClusterEndpoints, provide_cluster
+from ordered_dev.devcluster.cluster import zookeeper_serving
+from ordered_dev.devcluster.docker_cluster import DockerCluster
+from ordered_dev.devcluster.docker_engine import Engine
+from ordered_dev.devcluster.images import BuiltImage
+from ordered_dev.devcluster.provider import KIND_ENV, ClusterEndpoints, provide_cluster
 from tests.containers.conftest import MEASURED
 from tests.containers.support import RunningContainer, container_settings, sidecar_container
 from tests.integration.ledger import (

@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 import trustme
 
-from sidecar.devcluster.images import BuiltImage
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.images import BuiltImage
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.inject.patch import SIDECAR_UID
 from tests.containers.conftest import MEASURED
 from tests.containers.support import (

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sidecar.devcluster.provider import provide_cluster
+from ordered_dev.devcluster.provider import provide_cluster
 from tests.fuzz.harness import STATEFUL_OPERATIONS, FuzzResult, run_schemathesis
 from tests.fuzz.target import fuzz_target
 

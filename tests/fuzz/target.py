@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.fuzz.harness import FuzzTarget, callback_sink, delete_topics, new_target, prepare_topics
 from tests.integration.sidecars import ADMIN_TOKEN, running_sidecars
 

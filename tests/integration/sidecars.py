@@ -21,6 +21,7 @@ import aiohttp
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.config import (
     FaultSettings,
     HttpSettings,
@@ -29,7 +30,6 @@ from sidecar.config import (
     Settings,
     ZooKeeperSettings,
 )
-from sidecar.devcluster.provider import ClusterEndpoints
 from sidecar.server import SidecarServer
 from tests.support.waiting import eventually
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import aiohttp
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.config import AuditSettings
-from sidecar.devcluster.provider import ClusterEndpoints
 from sidecar.server import SidecarServer
 from tests.integration.consumers import create_consumer
 from tests.integration.sidecars import RunningSidecar, read_all, settings_for, unique

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import (
     ProduceTally,
     SidecarProcess,

@@ -15,11 +15,11 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
 from sidecar.core.routing import partition_for_key
 from sidecar.core.serialization import generation_from_json, log_from_generations
 from sidecar.core.topics import PendingBarrier
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import (
     RunningSidecar,
     check_no_record_crossed_a_barrier,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.support.chaos.plan import ChaosConfig
 from tests.support.chaos.report import dump, failure_summary, render
 from tests.support.chaos.runner import ChaosRun

@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import unique
 
 _SIDECAR = str(Path(sys.executable).with_name("sidecar"))

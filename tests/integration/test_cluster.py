@@ -13,8 +13,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, Records
 from kazoo.client import KazooClient
 from kazoo.protocol.states import WatchedEvent
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.routing import default_partition
-from sidecar.devcluster.provider import ClusterEndpoints
 
 
 def _topic_name(prefix: str) -> str:

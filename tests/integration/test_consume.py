@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.routing import partition_for_key
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.consumers import CallbackApp, RestConsumer, create_consumer, decoded
 from tests.integration.sidecars import running_sidecars, unique
 

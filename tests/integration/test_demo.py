@@ -15,8 +15,8 @@ import re
 import sys
 from pathlib import Path
 
-from sidecar.demo.processes import STATE_FILE
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.demo.processes import STATE_FILE
+from ordered_dev.devcluster.provider import ClusterEndpoints
 
 _SIDECAR = str(Path(sys.executable).with_name("sidecar"))
 

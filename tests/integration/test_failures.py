@@ -33,7 +33,7 @@ from aiohttp import web
 from aiokafka.admin import AIOKafkaAdminClient
 from kazoo.client import KazooClient
 
-from sidecar.devcluster.provider import ClusterEndpoints, ClusterServers
+from ordered_dev.devcluster.provider import ClusterEndpoints, ClusterServers
 from sidecar.server import SidecarServer
 from tests.integration.consumers import serve_callbacks
 from tests.integration.ledger import (

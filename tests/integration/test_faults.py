@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import running_sidecars, unique
 
 

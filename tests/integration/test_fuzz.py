@@ -16,7 +16,7 @@ import json
 from importlib.resources import files
 from pathlib import Path
 
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.fuzz.harness import CHAIN, run_schemathesis
 from tests.fuzz.target import fuzz_target
 

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import json
 
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.server import SidecarServer
 from tests.integration.sidecars import settings_for, unique
 

@@ -6,8 +6,8 @@ import random
 import subprocess
 from pathlib import Path
 
+from ordered_dev.devcluster.install import ensure_installed
 from sidecar.core.routing import default_partition, murmur2
-from sidecar.devcluster.install import ensure_installed
 
 _SOURCE = Path(__file__).parent / "java" / "Murmur2Vectors.java"
 

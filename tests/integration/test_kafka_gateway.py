@@ -14,6 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import OffsetAndMetadata
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.kafka import (
     KafkaGateway,
     OutgoingKafkaRecord,
@@ -24,7 +25,6 @@ from sidecar.adapters.kafka import (
 from sidecar.config import KafkaSettings
 from sidecar.core.errors import KafkaUnavailable, UnknownPartition, UnknownTopic
 from sidecar.core.placement import SEQUENCE_HEADER, SIDECAR_HEADER
-from sidecar.devcluster.provider import ClusterEndpoints
 
 
 def _topic_name(prefix: str) -> str:

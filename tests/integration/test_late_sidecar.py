@@ -20,8 +20,8 @@ import os
 import signal
 from typing import Any
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.zookeeper import MetadataStore
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,

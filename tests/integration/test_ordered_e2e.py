@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.integration.ledger import (
     Ledger,
     check_order,

@@ -10,8 +10,8 @@ from typing import Any
 import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.routing import default_partition, partition_for_key
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import (
     BINARY_V2,
     JSON_V2,

@@ -11,9 +11,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.handoff import revocations_due
 from sidecar.core.routing import partition_for_key
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.consumers import CallbackApp, RestConsumer, create_consumer, decoded
 from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
 from tests.support.waiting import eventually

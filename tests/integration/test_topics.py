@@ -13,8 +13,8 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.routing import partition_for_key
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import RunningSidecar, read_all, running_sidecars, unique
 
 V2 = "application/vnd.kafka.v2+json"

@@ -17,10 +17,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerFenced as KafkaProducerFenced
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
 from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.config import KafkaSettings
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import read_all
 from tests.support.waiting import eventually
 

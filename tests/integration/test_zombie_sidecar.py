@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.routing import partition_for_key
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,

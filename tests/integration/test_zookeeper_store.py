@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 from kazoo.client import KazooClient
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.errors import (
     ChangeTakenOver,
@@ -30,7 +31,6 @@ from sidecar.core.procedures import (
     TransactionalId,
 )
 from sidecar.core.topics import PendingBarrier, TopicConfig
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.support.waiting import eventually
 
 RW = PartitionMode.READ_WRITE

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.cli import build_parser
 from sidecar.config import HttpSettings
-from sidecar.devcluster.provider import ClusterEndpoints
 from sidecar.inject.patch import SIDECAR_UID
 from tests.integration.sidecars import running_sidecars
 from tests.ops.support import ROOT, require_tool

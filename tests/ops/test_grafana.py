@@ -29,8 +29,8 @@ import yaml
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
-from sidecar.audit.report import prometheus_textfile
-from sidecar.devcluster.provider import ClusterEndpoints
+from ordered_audit.report import prometheus_textfile
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.integration.consumers import CallbackApp, create_consumer
 from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
 from tests.ops.support import (

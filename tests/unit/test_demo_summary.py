@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ordered_dev.demo.summary import check_order, histogram_delta, key_bytes, moves
 from sidecar.core.routing import default_partition, partition_for_key
-from sidecar.demo.summary import check_order, histogram_delta, key_bytes, moves
 
 
 def test_records_in_order_with_duplicates_are_verified() -> None:

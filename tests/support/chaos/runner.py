@@ -56,11 +56,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from ordered_dev.devcluster.cluster import LocalCluster
+from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.config import Settings
 from sidecar.core.generations import PartitionMode
 from sidecar.core.serialization import generation_from_json, log_from_generations
-from sidecar.devcluster.cluster import LocalCluster
-from sidecar.devcluster.provider import ClusterEndpoints
 from tests.integration.sidecars import (
     ADMIN_TOKEN,
     SidecarProcess,

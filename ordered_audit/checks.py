@@ -1,6 +1,6 @@
 """The ordering checks: pure DataFrame transformations of audit events.
 
-Input: the flat event frame of ``sidecar.audit.sources`` (``EVENT_SCHEMA``). Output:
+Input: the flat event frame of ``ordered_audit.sources`` (``EVENT_SCHEMA``). Output:
 anomaly rows with ``ANOMALY_SCHEMA``'s columns, and the per-operation facts the audit
 can tell without Prometheus. No IO, no actions (nothing here calls ``collect``), so a
 test builds a few events in memory and calls one check.

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.audit.checks import KINDS
+from ordered_audit.checks import KINDS
 
 Row = Mapping[str, Any]
 

@@ -25,8 +25,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.demo.processes import DemoError, run_printing, sidecar_command
-from sidecar.demo.summary import Change, Handoff, Ledger, Request, Samples, total
+from ordered_dev.demo.processes import DemoError, run_printing, sidecar_command
+from ordered_dev.demo.summary import Change, Handoff, Ledger, Request, Samples, total
 
 JSON_V2 = "application/vnd.kafka.json.v2+json"
 CONSUMER_V2 = "application/vnd.kafka.v2+json"

@@ -21,7 +21,7 @@ Two ways to get the base images:
 
 The test image holds the jars ``sidecar devcluster install`` resolves, started by
 ``images/test-servers/run-server`` as ``kafka`` or ``zookeeper`` with a configuration
-passed in the environment (see ``sidecar.devcluster.docker_cluster``).
+passed in the environment (see ``ordered_dev.devcluster.docker_cluster``).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.devcluster.docker_engine import Log, apt_install, docker_engine
-from sidecar.devcluster.errors import DevClusterError
-from sidecar.devcluster.install import (
+from ordered_dev.devcluster.docker_engine import Log, apt_install, docker_engine
+from ordered_dev.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.install import (
     KAFKA_VERSION,
     ZOOKEEPER_VERSION,
     cache_root,

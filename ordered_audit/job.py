@@ -1,7 +1,7 @@
 """The ordering-audit job: ``sidecar audit run``.
 
 Reads audit events (the audit topic with Spark's Kafka source, or JSON-lines/Parquet
-files), runs the checks of ``sidecar.audit.checks``, joins Prometheus range data per
+files), runs the checks of ``ordered_audit.checks``, joins Prometheus range data per
 partition-count change and per time bucket, and writes to ``--out``:
 
 - ``anomalies/``, ``operations/``, ``buckets/``: Parquet tables;
@@ -34,15 +34,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sidecar.audit import prometheus
+from ordered_audit import prometheus
+from ordered_audit.prometheus import PeriodStats, Series
+from ordered_dev.devcluster.install import cache_root
 from sidecar.audit.events import SCHEMA_VERSION
-from sidecar.audit.prometheus import PeriodStats, Series
-from sidecar.devcluster.install import cache_root
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from sidecar.audit.sources import TimeWindow
+    from ordered_audit.sources import TimeWindow
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_BUCKET_S = 10.0
@@ -90,7 +90,7 @@ class AuditConfig:
     samples_per_kind: int = 20
 
     def window(self) -> TimeWindow:
-        from sidecar.audit.sources import TimeWindow
+        from ordered_audit.sources import TimeWindow
 
         return TimeWindow(self.start, self.end)
 
@@ -182,7 +182,7 @@ def build_session(options: SparkOptions, *, kafka: bool) -> SparkSession:
 
 
 def load_events(spark: SparkSession, config: AuditConfig) -> DataFrame:
-    from sidecar.audit import sources
+    from ordered_audit import sources
 
     if config.inputs:
         return sources.read_files(spark, config.inputs, config.window(), config.input_format)
@@ -200,7 +200,7 @@ def run_audit(spark: SparkSession, config: AuditConfig) -> AuditResult:
     """
     from pyspark.sql import functions as F
 
-    from sidecar.audit import checks, report, sources
+    from ordered_audit import checks, report, sources
 
     began = time.monotonic()
     out = config.out
@@ -344,7 +344,7 @@ _STATS = (
 
 
 def _bucket_columns() -> tuple[tuple[str, str], ...]:
-    from sidecar.audit.checks import KINDS
+    from ordered_audit.checks import KINDS
 
     counts = tuple(
         (name, "bigint") for name in ("produce_acked", "delivered", "violations", *KINDS)
@@ -369,7 +369,7 @@ def _buckets(
     config: AuditConfig,
 ) -> list[dict[str, Any]]:
     """One row per bucket of the window: event and anomaly counts, Prometheus figures."""
-    from sidecar.audit.checks import KINDS
+    from ordered_audit.checks import KINDS
 
     size = config.bucket_s
     zero = {name: 0 for name in ("produce_acked", "delivered", "violations", *KINDS)}

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.devcluster.cluster import (
+from ordered_dev.devcluster.cluster import (
     RESTART_TIMEOUT_S,
     broker_count_of,
     free_ports,
@@ -33,7 +33,7 @@ from sidecar.devcluster.cluster import (
     zookeeper_config,
     zookeeper_serving,
 )
-from sidecar.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.errors import DevClusterError
 
 KAFKA_HEAP = "-Xms128m -Xmx512m"
 ZOOKEEPER_HEAP = "-Xms32m -Xmx128m"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from sidecar.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.errors import DevClusterError
 
 DOCKER_HOST_ENV = "DOCKER_HOST"
 # A unix socket path must fit in sockaddr_un (108 bytes with the terminating NUL), and

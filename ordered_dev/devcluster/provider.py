@@ -5,10 +5,10 @@ In order of preference:
 1. an external cluster, when ``SIDECAR_TEST_KAFKA_BOOTSTRAP`` and
    ``SIDECAR_TEST_ZOOKEEPER_HOSTS`` are set (nothing is started or stopped);
 2. containers, when ``SIDECAR_TEST_CLUSTER=docker`` is set: a
-   :class:`~sidecar.devcluster.docker_cluster.DockerCluster` (ZooKeeper and three KRaft
+   :class:`~ordered_dev.devcluster.docker_cluster.DockerCluster` (ZooKeeper and three KRaft
    Kafka nodes, by testcontainers, from the test servers' image, host networking) on
    the Docker engine that answers, or the project's own dockerd where none does (root
-   on Debian; see ``sidecar.devcluster.docker_engine``), stopped again at the end;
+   on Debian; see ``ordered_dev.devcluster.docker_engine``), stopped again at the end;
 3. a :class:`LocalCluster` of local processes in a fresh directory (the default, and
    what CI's session cluster is; CI runs the container tests beside it).
 
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from sidecar.devcluster.cluster import LocalCluster
-from sidecar.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.cluster import LocalCluster
+from ordered_dev.devcluster.errors import DevClusterError
 
 if TYPE_CHECKING:
-    from sidecar.devcluster.docker_cluster import DockerCluster
+    from ordered_dev.devcluster.docker_cluster import DockerCluster
 
 BOOTSTRAP_ENV = "SIDECAR_TEST_KAFKA_BOOTSTRAP"
 ZOOKEEPER_ENV = "SIDECAR_TEST_ZOOKEEPER_HOSTS"
@@ -119,9 +119,9 @@ def _local_cluster(work_dir: Path | None) -> Iterator[ClusterEndpoints]:
 @contextmanager
 def _docker_cluster() -> Iterator[ClusterEndpoints]:
     # Imported here: the Docker SDK and testcontainers are test dependencies.
-    from sidecar.devcluster.docker_cluster import DockerCluster
-    from sidecar.devcluster.docker_engine import docker_engine
-    from sidecar.devcluster.images import ensure_servers_image
+    from ordered_dev.devcluster.docker_cluster import DockerCluster
+    from ordered_dev.devcluster.docker_engine import docker_engine
+    from ordered_dev.devcluster.images import ensure_servers_image
 
     with docker_engine():
         cluster = DockerCluster(ensure_servers_image())

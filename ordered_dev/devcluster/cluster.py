@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sidecar.devcluster.errors import DevClusterError
-from sidecar.devcluster.install import InstalledServers, ensure_installed
+from ordered_dev.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.install import InstalledServers, ensure_installed
 
 _T = TypeVar("_T")
 

@@ -41,9 +41,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from sidecar.config import AuditSettings, HttpSettings, KafkaSettings, Settings, ZooKeeperSettings
-from sidecar.demo import scenario, summary
-from sidecar.demo.processes import (
+from ordered_dev.demo import scenario, summary
+from ordered_dev.demo.processes import (
     STATE_FILE,
     DemoError,
     DemoState,
@@ -55,9 +54,10 @@ from sidecar.demo.processes import (
     stop,
     tail,
 )
-from sidecar.devcluster.cli import default_work_dir
-from sidecar.devcluster.cluster import LocalCluster
-from sidecar.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.cli import default_work_dir
+from ordered_dev.devcluster.cluster import LocalCluster
+from ordered_dev.devcluster.errors import DevClusterError
+from sidecar.config import AuditSettings, HttpSettings, KafkaSettings, Settings, ZooKeeperSettings
 
 SIDECARS = 3
 

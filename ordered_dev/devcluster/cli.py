@@ -6,9 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from sidecar.devcluster.cluster import LocalCluster
-from sidecar.devcluster.errors import DevClusterError
-from sidecar.devcluster.install import ensure_installed
+from ordered_dev.devcluster.cluster import LocalCluster
+from ordered_dev.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.install import ensure_installed
 
 
 def default_work_dir() -> Path:

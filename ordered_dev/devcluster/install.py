@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.errors import DevClusterError
 
 # Kafka 4.3: the newest release line; aiokafka >= 0.13 negotiates API versions with
 # it (Kafka 4 removed the pre-2.1 protocol versions older clients relied on).
