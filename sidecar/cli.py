@@ -24,10 +24,11 @@ _OPTIONAL_COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sidecar", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
-    from sidecar import admin_cli
+    from sidecar.commands import serve, topics
     from sidecar.inject import server as inject_server
 
-    admin_cli.add_parsers(subparsers)
+    serve.add_parser(subparsers)
+    topics.add_parser(subparsers)
     inject_server.add_parser(subparsers)
     for name in _OPTIONAL_COMMANDS:
         try:

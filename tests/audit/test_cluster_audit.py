@@ -36,9 +36,9 @@ from ordered_audit.job import AuditConfig, AuditResult, run_audit
 from ordered_audit.report import change_label
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.audit import events as audit_events
+from sidecar.compose import SidecarServer
 from sidecar.config import AuditSettings
 from sidecar.core.routing import partition_for_key
-from sidecar.server import SidecarServer
 from tests.integration.ledger import (
     Ledger,
     consume_into,

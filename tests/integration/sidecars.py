@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from sidecar.compose import SidecarServer
 from sidecar.config import (
     FaultSettings,
     HttpSettings,
@@ -30,7 +31,6 @@ from sidecar.config import (
     Settings,
     ZooKeeperSettings,
 )
-from sidecar.server import SidecarServer
 from tests.support.waiting import eventually
 
 ADMIN_TOKEN = "test-token"

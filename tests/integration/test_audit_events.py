@@ -9,8 +9,8 @@ from dataclasses import replace
 import aiohttp
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from sidecar.compose import SidecarServer
 from sidecar.config import AuditSettings
-from sidecar.server import SidecarServer
 from tests.integration.consumers import create_consumer
 from tests.integration.sidecars import RunningSidecar, read_all, settings_for, unique
 

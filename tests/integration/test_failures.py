@@ -34,7 +34,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from kazoo.client import KazooClient
 
 from ordered_dev.devcluster.provider import ClusterEndpoints, ClusterServers
-from sidecar.server import SidecarServer
+from sidecar.compose import SidecarServer
 from tests.integration.consumers import serve_callbacks
 from tests.integration.ledger import (
     Ledger,

@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.server import SidecarServer
+from sidecar.compose import SidecarServer
 from tests.integration.sidecars import settings_for, unique
 
 WITHIN_S = 10.0

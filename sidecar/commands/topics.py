@@ -1,4 +1,4 @@
-"""`sidecar serve` and `sidecar topics create|adopt|describe|expand|shrink`.
+"""`sidecar topics create|adopt|describe|expand|shrink`.
 
 The topics commands call a running sidecar's admin API (``--url``, token from
 ``--token`` or ``ORDERED_SIDECAR_ADMIN_TOKEN``), so the sidecar that runs the change
@@ -14,22 +14,15 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-
-from sidecar.config import ConfigError, load_settings
 
 DEFAULT_URL = "http://127.0.0.1:8082"
 PROGRESS_POLL_S = 0.2
 
 
-def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = subparsers.add_parser("serve", help="run the sidecar (HTTP on 127.0.0.1)")
-    serve.add_argument("--config", type=Path, help="TOML settings file (environment overrides)")
-    serve.set_defaults(handler=run_serve)
-
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     topics = subparsers.add_parser("topics", help="manage ordered topics through a sidecar")
     topics.add_argument("--url", default=os.environ.get("ORDERED_SIDECAR_URL", DEFAULT_URL))
     topics.add_argument("--token", default=os.environ.get("ORDERED_SIDECAR_ADMIN_TOKEN", ""))
@@ -59,21 +52,6 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
                 help="after the commit, show retirement until no partition is read-only",
             )
     topics.set_defaults(handler=run_topics)
-
-
-def run_serve(args: argparse.Namespace) -> int:
-    import logging
-
-    from sidecar.server import serve
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        settings = load_settings(args.config)
-    except ConfigError as exc:
-        print(f"sidecar: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(serve(settings))
-    return 0
 
 
 def run_topics(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""The `sidecar` commands, one module per command."""

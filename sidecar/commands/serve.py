@@ -1,0 +1,44 @@
+"""`sidecar serve`: run one sidecar until SIGTERM or SIGINT, then shut down gracefully."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from sidecar.compose import SidecarServer
+from sidecar.config import ConfigError, Settings, load_settings
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = subparsers.add_parser("serve", help="run the sidecar (HTTP on 127.0.0.1)")
+    serve.add_argument("--config", type=Path, help="TOML settings file (environment overrides)")
+    serve.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"sidecar: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(settings))
+    return 0
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = SidecarServer(settings)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"sidecar {settings.sidecar_id} ready on {server.url}", flush=True)
+    await stop.wait()
+    await server.stop()
