@@ -76,10 +76,11 @@ Where REST Proxy is lenient or silent, this codec chooses:
 Extensions of this project:
 
 * ``callback_url`` / ``callback_timeout_ms`` on create: the URL the sidecar POSTs key
-  hand-off events to and how long it waits for a 2xx (DESIGN §6). The URL must be http(s)
-  to a loopback host (127.0.0.0/8, ::1 or ``localhost``) unless the sidecar allows remote
-  callbacks: otherwise anyone who can reach the sidecar could make it send requests into
-  the network it runs in. Credentials in the URL are refused (they would end up in logs).
+  hand-off events to and how long it waits for a 2xx (DESIGN §6). Callbacks are loopback
+  only: the URL must be http(s) to a loopback host (127.0.0.0/8, ::1 or ``localhost``),
+  the sidecar's own application; otherwise anyone who can reach the sidecar could make
+  it send requests into the network it runs in. No setting allows other hosts.
+  Credentials in the URL are refused (they would end up in logs).
 * Key hand-off events: ``{"type": "keys_revoked" | "keys_assigned", "topic", "partition",
   "generation", "event_id"}``. In a records response they sit among the records in
   delivery order (an event before the records it must precede) and are told apart by
@@ -402,8 +403,9 @@ def decode_create_consumer(
     """Validate ``POST /consumers/{group}``; no body creates a binary consumer.
 
     Raises UnsupportedMediaType (content type) or BadRequest (not JSON, wrong shape, a
-    value out of range or not servable, a callback URL that is not loopback while
-    ``allow_remote_callbacks`` is False).
+    value out of range or not servable, a callback URL that is not loopback).
+    ``allow_remote_callbacks`` exists for tests of the URL's other rules on non-loopback
+    hosts; the sidecar never sets it (callbacks are loopback only).
     """
     document = _parse_optional_object(body, content_type) or {}
     refuse_unknown_fields(document, _CREATE_KNOWN_FIELDS, "request", BadRequest)

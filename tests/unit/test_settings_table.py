@@ -1,0 +1,70 @@
+"""The README's settings table is generated from ``Settings``: every field of every
+section, with its default and its environment variable. A field added, renamed or
+given another default fails here until the table is regenerated::
+
+    .venv/bin/python -m tests.unit.test_settings_table   # rewrites the README's table
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from sidecar.config import _SECTIONS, ENV_PREFIX, Settings
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+BEGIN = (
+    "<!-- settings table: generated from sidecar/config.py by tests/unit/test_settings_table.py -->"
+)
+END = "<!-- end of settings table -->"
+
+
+def _default(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return json.dumps(value)
+    return json.dumps(dict(value))  # kafka.client: a table passed through
+
+
+def settings_table() -> str:
+    defaults = Settings(sidecar_id="")
+    rows = [
+        "| setting | default | environment variable |",
+        "|---|---|---|",
+        f"| `sidecar_id` | host name and a random suffix | `{ENV_PREFIX}SIDECAR_ID` |",
+    ]
+    for section in _SECTIONS:
+        values = getattr(defaults, section)
+        for field in dataclasses.fields(values):
+            env = f"{ENV_PREFIX}{section.upper()}__{field.name.upper()}"
+            if field.name == "client":
+                env += "__<KEY>"
+            default = _default(getattr(values, field.name))
+            rows.append(f"| `{section}.{field.name}` | `{default}` | `{env}` |")
+    return "\n".join(rows)
+
+
+def _readme_table(text: str) -> str:
+    start = text.index(BEGIN) + len(BEGIN)
+    return text[start : text.index(END, start)].strip()
+
+
+def test_the_readme_lists_every_setting_with_its_default() -> None:
+    assert _readme_table(README.read_text()) == settings_table()
+
+
+def test_every_section_is_in_the_table() -> None:
+    table = settings_table()
+    for section in _SECTIONS:
+        for field in dataclasses.fields(_SECTIONS[section]):
+            assert f"`{section}.{field.name}`" in table
+
+
+if __name__ == "__main__":
+    text = README.read_text()
+    start = text.index(BEGIN) + len(BEGIN)
+    end = text.index(END, start)
+    README.write_text(text[:start] + "\n" + settings_table() + "\n" + text[end:])
