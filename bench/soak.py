@@ -12,7 +12,7 @@ through the gate (events mode, auto-commit). Every ~30 s (25-35 s, drawn from
 
 At the end the producers stop, everything acknowledged must be delivered, and the
 guarantee is checked: the per-key order checker of the integration tests
-(``tests.integration.ledger``: in order per (producer, key), nothing acknowledged lost,
+(``tests.support.ledger``: in order per (producer, key), nothing acknowledged lost,
 no duplicate since nothing crashed) and ``check_no_record_crossed_a_barrier``. Sidecar
 memory (VmRSS from ``/proc/<pid>/status``) is sampled at the start, every minute and
 at the end. The result goes to ``results/soak.md``; the exit status is 1 if the
@@ -45,14 +45,14 @@ from bench.report import command_line, machine_lines, markdown_table, write_resu
 from ordered_dev.devcluster.install import KAFKA_VERSION
 from ordered_dev.devcluster.provider import provide_cluster
 from sidecar.config import Settings
-from tests.integration.ledger import (
+from tests.support.ledger import (
     Ledger,
     check_order,
     consume_into,
     describe_gates,
     wait_until_delivered,
 )
-from tests.integration.sidecars import (
+from tests.support.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,
     settings_for,

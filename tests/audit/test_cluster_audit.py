@@ -39,15 +39,15 @@ from sidecar.audit import events as audit_events
 from sidecar.compose import SidecarServer
 from sidecar.config import AuditSettings
 from sidecar.core.routing import partition_for_key
-from tests.integration.ledger import (
+from tests.ops.support import running_prometheus
+from tests.support.ledger import (
     Ledger,
     consume_into,
     produce_sequences,
     producer_keys,
     wait_until_delivered,
 )
-from tests.integration.sidecars import RunningSidecar, read_all, settings_for, unique
-from tests.ops.support import running_prometheus
+from tests.support.sidecars import RunningSidecar, read_all, settings_for, unique
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from typing import Any
 from ordered_dev.devcluster.docker_cluster import LABEL
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.config import Settings
-from tests.integration.sidecars import settings_environment, settings_for, unique
 from tests.ops.support import free_port
+from tests.support.sidecars import settings_environment, settings_for, unique
 
 READY_WITHIN_S = 90.0
 

@@ -27,14 +27,14 @@ from ordered_dev.devcluster.images import BuiltImage
 from ordered_dev.devcluster.provider import KIND_ENV, ClusterEndpoints, provide_cluster
 from tests.containers.conftest import MEASURED
 from tests.containers.support import RunningContainer, container_settings, sidecar_container
-from tests.integration.ledger import (
+from tests.support.ledger import (
     Ledger,
     check_order,
     consume_into,
     produce_sequences,
     wait_until_delivered,
 )
-from tests.integration.sidecars import (
+from tests.support.sidecars import (
     SidecarClient,
     check_no_record_crossed_a_barrier,
     unique,

@@ -31,18 +31,6 @@ from tests.containers.support import (
     sidecar_container,
     wait_ready,
 )
-from tests.integration.ledger import (
-    Ledger,
-    check_order,
-    consume_into,
-    produce_sequences,
-    wait_until_delivered,
-)
-from tests.integration.sidecars import (
-    SidecarClient,
-    check_no_record_crossed_a_barrier,
-    unique,
-)
 from tests.ops.support import free_port
 from tests.ops.test_webhook_server import (
     CONFIG,
@@ -50,6 +38,18 @@ from tests.ops.test_webhook_server import (
     check_injected,
     post_review,
     write_certificate,
+)
+from tests.support.ledger import (
+    Ledger,
+    check_order,
+    consume_into,
+    produce_sequences,
+    wait_until_delivered,
+)
+from tests.support.sidecars import (
+    SidecarClient,
+    check_no_record_crossed_a_barrier,
+    unique,
 )
 
 HEALTHY_WITHIN_S = 120.0

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.fuzz.harness import FuzzTarget, callback_sink, delete_topics, new_target, prepare_topics
-from tests.integration.sidecars import ADMIN_TOKEN, running_sidecars
+from tests.support.sidecars import ADMIN_TOKEN, running_sidecars
 
 
 @asynccontextmanager

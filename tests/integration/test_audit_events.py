@@ -11,8 +11,8 @@ import aiohttp
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.compose import SidecarServer
 from sidecar.config import AuditSettings
-from tests.integration.consumers import create_consumer
-from tests.integration.sidecars import RunningSidecar, read_all, settings_for, unique
+from tests.support.consumers import create_consumer
+from tests.support.sidecars import RunningSidecar, read_all, settings_for, unique
 
 
 async def test_a_produce_consume_and_change_leave_a_complete_trail(

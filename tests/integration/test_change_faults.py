@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.integration.sidecars import (
+from tests.support.sidecars import (
     ProduceTally,
     SidecarProcess,
     check_no_record_crossed_a_barrier,
@@ -27,7 +27,7 @@ from tests.integration.sidecars import (
     unique,
     wait_for_final_operation,
 )
-from tests.integration.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy
 
 KEYS = [f"key-{i}" for i in range(30)]
 

@@ -20,7 +20,7 @@ from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
 from sidecar.core.routing import partition_for_key
 from sidecar.core.serialization import generation_from_json, log_from_generations
 from sidecar.core.topics import PendingBarrier
-from tests.integration.sidecars import (
+from tests.support.sidecars import (
     RunningSidecar,
     check_no_record_crossed_a_barrier,
     header,

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.integration.sidecars import unique
+from tests.support.sidecars import unique
 
 _SIDECAR = str(Path(sys.executable).with_name("sidecar"))
 TOKEN = "cli-token"

@@ -10,8 +10,8 @@ from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.routing import partition_for_key
-from tests.integration.consumers import CallbackApp, RestConsumer, create_consumer, decoded
-from tests.integration.sidecars import running_sidecars, unique
+from tests.support.consumers import CallbackApp, RestConsumer, create_consumer, decoded
+from tests.support.sidecars import running_sidecars, unique
 
 
 def _moving_key(initial: int, old: int, new: int, source: int) -> str:

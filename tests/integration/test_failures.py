@@ -1,7 +1,7 @@
 """The guarantee through infrastructure failures: a broker, ZooKeeper, a sidecar, a consumer.
 
 Sidecars are separate ``sidecar serve`` processes, as in production. Each test runs
-produce load (per-producer keyed sequences, ``tests.integration.ledger``) and a consumer
+produce load (per-producer keyed sequences, ``tests.support.ledger``) and a consumer
 group reading through the gate, causes one failure, and then checks:
 
 * the per-key order checker: every (producer, key) delivered in order, nothing
@@ -35,8 +35,8 @@ from kazoo.client import KazooClient
 
 from ordered_dev.devcluster.provider import ClusterEndpoints, ClusterServers
 from sidecar.compose import SidecarServer
-from tests.integration.consumers import serve_callbacks
-from tests.integration.ledger import (
+from tests.support.consumers import serve_callbacks
+from tests.support.ledger import (
     Ledger,
     check_order,
     consume_into,
@@ -44,7 +44,7 @@ from tests.integration.ledger import (
     produce_sequences,
     wait_until_delivered,
 )
-from tests.integration.sidecars import (
+from tests.support.sidecars import (
     SidecarClient,
     SidecarProcess,
     check_no_record_crossed_a_barrier,

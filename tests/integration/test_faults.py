@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.integration.sidecars import running_sidecars, unique
+from tests.support.sidecars import running_sidecars, unique
 
 
 async def test_produces_hold_while_zookeeper_is_away(cluster: ClusterEndpoints) -> None:

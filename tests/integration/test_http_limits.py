@@ -8,7 +8,7 @@ import json
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.compose import SidecarServer
-from tests.integration.sidecars import settings_for, unique
+from tests.support.sidecars import settings_for, unique
 
 WITHIN_S = 10.0
 

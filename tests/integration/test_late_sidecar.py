@@ -22,7 +22,7 @@ from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.zookeeper import MetadataStore
-from tests.integration.sidecars import (
+from tests.support.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,
     settings_for,

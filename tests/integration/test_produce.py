@@ -12,7 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.routing import default_partition, partition_for_key
-from tests.integration.sidecars import (
+from tests.support.sidecars import (
     BINARY_V2,
     JSON_V2,
     RunningSidecar,

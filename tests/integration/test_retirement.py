@@ -14,8 +14,8 @@ from aiokafka.structs import OffsetAndMetadata
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.handoff import revocations_due
 from sidecar.core.routing import partition_for_key
-from tests.integration.consumers import CallbackApp, RestConsumer, create_consumer, decoded
-from tests.integration.sidecars import RunningSidecar, running_sidecars, unique
+from tests.support.consumers import CallbackApp, RestConsumer, create_consumer, decoded
+from tests.support.sidecars import RunningSidecar, running_sidecars, unique
 from tests.support.waiting import eventually
 
 

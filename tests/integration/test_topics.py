@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.routing import partition_for_key
-from tests.integration.sidecars import RunningSidecar, read_all, running_sidecars, unique
+from tests.support.sidecars import RunningSidecar, read_all, running_sidecars, unique
 
 V2 = "application/vnd.kafka.v2+json"
 

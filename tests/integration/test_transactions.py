@@ -21,7 +21,7 @@ from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
 from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.config import KafkaSettings
-from tests.integration.sidecars import read_all
+from tests.support.sidecars import read_all
 from tests.support.waiting import eventually
 
 

@@ -61,13 +61,6 @@ from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.config import Settings
 from sidecar.core.generations import PartitionMode
 from sidecar.core.serialization import generation_from_json, log_from_generations
-from tests.integration.sidecars import (
-    ADMIN_TOKEN,
-    SidecarProcess,
-    settings_for,
-    start_process,
-    stop_process,
-)
 from tests.support.chaos.checks import (
     ROLL_HEADER,
     CheckResult,
@@ -87,6 +80,13 @@ from tests.support.chaos.history import (
     LockSighting,
 )
 from tests.support.chaos.plan import ChangeVia, ChaosConfig, FaultKind, Plan, PlannedFault
+from tests.support.sidecars import (
+    ADMIN_TOKEN,
+    SidecarProcess,
+    settings_for,
+    start_process,
+    stop_process,
+)
 
 CONSUMER_JSON = "application/vnd.kafka.v2+json"
 POLL_TIMEOUT_MS = 1000

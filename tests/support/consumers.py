@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.integration.sidecars import SidecarClient
+from tests.support.sidecars import SidecarClient
 
 CONSUMER_JSON = "application/vnd.kafka.v2+json"
 
