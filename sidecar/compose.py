@@ -39,8 +39,8 @@ from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.consume_context import ConsumeContext, ConsumerMetrics
 from sidecar.service.consumers import Consumers
+from sidecar.service.registry import TopicRegistry
 from sidecar.service.retirement import Retirer
-from sidecar.service.sidecar import Sidecar
 
 _log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class SidecarServer:
             session_timeout_s=settings.zookeeper.session_timeout_s,
         )
         self.kafka = KafkaGateway(settings.kafka)
-        self.sidecar = Sidecar(settings, self.store, self.kafka, self.metrics)
+        self.sidecar = TopicRegistry(settings, self.store, self.kafka, self.metrics)
         self.admin = TopicAdmin(self.store, self.kafka, self.metrics, self.sidecar.audit)
         self.changes = ChangeRunner(
             settings.sidecar_id,
@@ -145,7 +145,7 @@ class SidecarServer:
 
 def build_consumers(
     settings: Settings,
-    sidecar: Sidecar,
+    sidecar: TopicRegistry,
     store: MetadataStore,
     kafka: KafkaGateway,
     metrics: SidecarMetrics,

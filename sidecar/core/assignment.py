@@ -11,7 +11,7 @@ Unmanaged topics have every partition read-write. The split by mode is applied a
 rebalance. Kafka's consumers rebalance when a topic's partition count changes; a change
 of which partitions are assignable (a retirement, a removed partition brought back by an
 expansion) does not change the count, so the sidecar asks every ordered group of the
-topic to rebalance then (``Sidecar.on_assignable_change``).
+topic to rebalance then (``TopicRegistry.on_assignable_change``).
 """
 
 from __future__ import annotations

@@ -53,12 +53,12 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import CreateTopic, TopicAdmin
 from sidecar.service.changes import ChangeRequest, ChangeRunner
 from sidecar.service.idempotency import IdempotencyCache
-from sidecar.service.sidecar import ProduceOutcome, Sidecar
+from sidecar.service.registry import ProduceOutcome, TopicRegistry
 from sidecar.service.topics import TopicDirectory
 
 _OPENAPI: Final = Path(__file__).with_name("openapi.json")
 
-SIDECAR_KEY: Final = web.AppKey("sidecar", Sidecar)
+SIDECAR_KEY: Final = web.AppKey("sidecar", TopicRegistry)
 ADMIN_KEY: Final = web.AppKey("admin", TopicAdmin)
 CHANGES_KEY: Final = web.AppKey("changes", ChangeRunner)
 SETTINGS_KEY: Final = web.AppKey("settings", Settings)
@@ -68,7 +68,7 @@ IDEMPOTENCY_KEY: Final = web.AppKey("idempotency", IdempotencyCache[ProduceOutco
 
 def build_app(
     settings: Settings,
-    sidecar: Sidecar,
+    sidecar: TopicRegistry,
     admin: TopicAdmin,
     changes: ChangeRunner,
     metrics: SidecarMetrics,

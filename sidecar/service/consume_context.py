@@ -24,7 +24,7 @@ from sidecar.metrics import SidecarMetrics
 
 if TYPE_CHECKING:
     from sidecar.service.partitions import Delivered
-    from sidecar.service.sidecar import TopicRuntime
+    from sidecar.service.registry import TopicRuntime
 
 
 class TopicRegistry(Protocol):

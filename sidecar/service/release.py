@@ -41,7 +41,7 @@ from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.notices import AssignmentNotices
 from sidecar.service.partitions import Delivered, PartitionBuffers, PartitionState, delivered
-from sidecar.service.sidecar import TopicRuntime
+from sidecar.service.registry import TopicRuntime
 from sidecar.service.waits import GateWaits
 
 _log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from sidecar.adapters.kafka import PartitionInfo
 from sidecar.core.errors import PartitionReadOnly, UnknownPartition
 from sidecar.core.generations import PartitionMode
 from sidecar.core.topics import TopicState
-from sidecar.service.sidecar import Sidecar
+from sidecar.service.registry import TopicRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class TopicView:
 
 
 class TopicDirectory:
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: TopicRegistry) -> None:
         self._sidecar = sidecar
 
     async def names(self) -> list[str]:

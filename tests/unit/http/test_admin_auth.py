@@ -19,7 +19,7 @@ from sidecar.http.app import build_app
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin, TopicDescription
 from sidecar.service.changes import ChangeRunner
-from sidecar.service.sidecar import Sidecar
+from sidecar.service.registry import TopicRegistry
 
 TOKEN = "s3cret-tøken"
 Client = TestClient[web.Request, web.Application]
@@ -44,7 +44,7 @@ async def client() -> AsyncIterator[Client]:
     )
     app = build_app(
         settings,
-        cast(Sidecar, object()),
+        cast(TopicRegistry, object()),
         cast(TopicAdmin, _Admin()),
         cast(ChangeRunner, object()),
         SidecarMetrics(),

@@ -25,7 +25,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.consumers import Consumers
-from sidecar.service.sidecar import Sidecar
+from sidecar.service.registry import TopicRegistry
 
 Client = TestClient[web.Request, web.Application]
 
@@ -66,7 +66,7 @@ async def client() -> AsyncIterator[Client]:
     settings = Settings(sidecar_id="edge-test")
     app = build_app(
         settings,
-        cast(Sidecar, _Untouchable()),
+        cast(TopicRegistry, _Untouchable()),
         cast(TopicAdmin, _Untouchable()),
         cast(ChangeRunner, _Untouchable()),
         metrics,

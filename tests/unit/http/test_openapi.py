@@ -24,7 +24,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.consumers import Consumers
-from sidecar.service.sidecar import Sidecar
+from sidecar.service.registry import TopicRegistry
 
 HTTP_METHODS: Final = frozenset(
     {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -65,7 +65,7 @@ def document() -> dict[str, Any]:
 def app() -> web.Application:
     application = build_app(
         Settings(sidecar_id="openapi-test"),
-        _stand_in(Sidecar),
+        _stand_in(TopicRegistry),
         _stand_in(TopicAdmin),
         _stand_in(ChangeRunner),
         SidecarMetrics(),

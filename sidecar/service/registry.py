@@ -100,7 +100,7 @@ class TopicRuntime:
         changed.set()
 
 
-class Sidecar:
+class TopicRegistry:
     def __init__(
         self,
         settings: Settings,

@@ -17,7 +17,7 @@ from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.procedures import Admission
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
 from sidecar.metrics import SidecarMetrics
-from sidecar.service.sidecar import Sidecar
+from sidecar.service.registry import TopicRegistry
 
 
 class _Store:
@@ -28,10 +28,10 @@ class _Store:
         self.watched.append(name)
 
 
-def _sidecar() -> Sidecar:
+def _sidecar() -> TopicRegistry:
     store: Any = _Store()
     kafka: Any = object()
-    sidecar = Sidecar(Settings(sidecar_id="adopting"), store, kafka, SidecarMetrics())
+    sidecar = TopicRegistry(Settings(sidecar_id="adopting"), store, kafka, SidecarMetrics())
     sidecar.writer = object()  # type: ignore[assignment]  # a writer is up: not the reason to hold
     sidecar._spawn = lambda coroutine: coroutine.close()  # type: ignore[method-assign,attr-defined]
     return sidecar
