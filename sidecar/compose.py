@@ -39,6 +39,7 @@ from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.consume_context import ConsumeContext, ConsumerMetrics
 from sidecar.service.consumers import Consumers
+from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
 from sidecar.service.retirement import Retirer
 
@@ -77,7 +78,10 @@ class SidecarServer:
         self.consumers = build_consumers(
             self.settings, self.sidecar, self.store, self.kafka, self.metrics
         )
-        self.app = build_app(settings, self.sidecar, self.admin, self.changes, self.metrics)
+        self.produce = ProduceService(settings, self.sidecar, self.kafka, self.metrics)
+        self.app = build_app(
+            settings, self.sidecar, self.produce, self.admin, self.changes, self.metrics
+        )
         add_consumer_routes(self.app, self.consumers)
         self.connections = ConnectionGuard(
             max_connections=settings.http.max_connections,

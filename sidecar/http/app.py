@@ -53,12 +53,14 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import CreateTopic, TopicAdmin
 from sidecar.service.changes import ChangeRequest, ChangeRunner
 from sidecar.service.idempotency import IdempotencyCache
-from sidecar.service.registry import ProduceOutcome, TopicRegistry
+from sidecar.service.produce import ProduceOutcome, ProduceService
+from sidecar.service.registry import TopicRegistry
 from sidecar.service.topics import TopicDirectory
 
 _OPENAPI: Final = Path(__file__).with_name("openapi.json")
 
 SIDECAR_KEY: Final = web.AppKey("sidecar", TopicRegistry)
+PRODUCE_KEY: Final = web.AppKey("produce", ProduceService)
 ADMIN_KEY: Final = web.AppKey("admin", TopicAdmin)
 CHANGES_KEY: Final = web.AppKey("changes", ChangeRunner)
 SETTINGS_KEY: Final = web.AppKey("settings", Settings)
@@ -69,6 +71,7 @@ IDEMPOTENCY_KEY: Final = web.AppKey("idempotency", IdempotencyCache[ProduceOutco
 def build_app(
     settings: Settings,
     sidecar: TopicRegistry,
+    produce_service: ProduceService,
     admin: TopicAdmin,
     changes: ChangeRunner,
     metrics: SidecarMetrics,
@@ -82,6 +85,7 @@ def build_app(
         client_max_size=settings.http.max_body_bytes + 1024,
     )
     app[SIDECAR_KEY] = sidecar
+    app[PRODUCE_KEY] = produce_service
     app[ADMIN_KEY] = admin
     app[CHANGES_KEY] = changes
     app[SETTINGS_KEY] = settings
@@ -155,7 +159,7 @@ async def produce(request: web.Request) -> web.Response:
             await app[TOPICS_KEY].check_writable(topic, partition)
 
         async def run() -> ProduceOutcome:
-            return await app[SIDECAR_KEY].produce(topic, decoded, partition)
+            return await app[PRODUCE_KEY].produce(topic, decoded, partition)
 
         if decoded.idempotency_key is None:
             outcome = await run()

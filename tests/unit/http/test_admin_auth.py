@@ -19,6 +19,7 @@ from sidecar.http.app import build_app
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin, TopicDescription
 from sidecar.service.changes import ChangeRunner
+from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
 
 TOKEN = "s3cret-tøken"
@@ -45,6 +46,7 @@ async def client() -> AsyncIterator[Client]:
     app = build_app(
         settings,
         cast(TopicRegistry, object()),
+        cast(ProduceService, object()),
         cast(TopicAdmin, _Admin()),
         cast(ChangeRunner, object()),
         SidecarMetrics(),

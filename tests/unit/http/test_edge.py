@@ -25,6 +25,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.consumers import Consumers
+from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
 
 Client = TestClient[web.Request, web.Application]
@@ -67,6 +68,7 @@ async def client() -> AsyncIterator[Client]:
     app = build_app(
         settings,
         cast(TopicRegistry, _Untouchable()),
+        cast(ProduceService, _Untouchable()),
         cast(TopicAdmin, _Untouchable()),
         cast(ChangeRunner, _Untouchable()),
         metrics,

@@ -24,6 +24,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.consumers import Consumers
+from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
 
 HTTP_METHODS: Final = frozenset(
@@ -66,6 +67,7 @@ def app() -> web.Application:
     application = build_app(
         Settings(sidecar_id="openapi-test"),
         _stand_in(TopicRegistry),
+        _stand_in(ProduceService),
         _stand_in(TopicAdmin),
         _stand_in(ChangeRunner),
         SidecarMetrics(),

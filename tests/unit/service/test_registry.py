@@ -33,7 +33,7 @@ def _sidecar() -> TopicRegistry:
     kafka: Any = object()
     sidecar = TopicRegistry(Settings(sidecar_id="adopting"), store, kafka, SidecarMetrics())
     sidecar.writer = object()  # type: ignore[assignment]  # a writer is up: not the reason to hold
-    sidecar._spawn = lambda coroutine: coroutine.close()  # type: ignore[method-assign,attr-defined]
+    sidecar.spawn = lambda coroutine: coroutine.close()  # type: ignore[method-assign,attr-defined]
     return sidecar
 
 
