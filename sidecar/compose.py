@@ -45,11 +45,6 @@ from sidecar.service.retirement import Retirer
 
 _log = logging.getLogger(__name__)
 
-HOUSEKEEPING_S = 2.0
-"""How often a sidecar looks for changes whose coordinator died and for partitions to
-retire (every sidecar does; the topic lock makes one of them act)."""
-SHUTDOWN_GRACE_S = 30.0
-
 
 class SidecarServer:
     def __init__(self, settings: Settings) -> None:
@@ -59,6 +54,8 @@ class SidecarServer:
             settings.zookeeper.hosts,
             root=settings.zookeeper.root,
             session_timeout_s=settings.zookeeper.session_timeout_s,
+            lock_poll_s=settings.zookeeper.lock_poll_s,
+            transaction_attempts=settings.zookeeper.transaction_attempts,
         )
         self.kafka = KafkaGateway(settings.kafka)
         self.sidecar = TopicRegistry(settings, self.store, self.kafka, self.metrics)
@@ -73,8 +70,15 @@ class SidecarServer:
             if settings.faults.kill_after_phase
             else None,
             audit=self.sidecar.audit,
+            settings=settings.changes,
         )
-        self.retirer = Retirer(settings.sidecar_id, self.store, self.kafka, self.metrics)
+        self.retirer = Retirer(
+            settings.sidecar_id,
+            self.store,
+            self.kafka,
+            self.metrics,
+            lock_timeout_s=settings.changes.retirement_lock_timeout_s,
+        )
         self.consumers = build_consumers(
             self.settings, self.sidecar, self.store, self.kafka, self.metrics
         )
@@ -104,7 +108,7 @@ class SidecarServer:
         http = self.settings.http
         self._runner = web.AppRunner(
             self.app,
-            shutdown_timeout=SHUTDOWN_GRACE_S,
+            shutdown_timeout=self.settings.http.shutdown_grace_s,
             handle_signals=False,
             keepalive_timeout=http.keepalive_timeout_s,
             lingering_time=LINGERING_TIME_S,
@@ -133,7 +137,7 @@ class SidecarServer:
         """Release change locks left by interrupted attempts, finish changes nobody
         drives, and retire drained partitions."""
         while True:
-            await asyncio.sleep(HOUSEKEEPING_S)
+            await asyncio.sleep(self.settings.changes.housekeeping_interval_s)
             try:
                 await self.store.release_leftover_locks()
             except SidecarError as exc:

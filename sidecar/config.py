@@ -51,6 +51,8 @@ class KafkaSettings:
     what ``zookeeper.session_timeout_s`` must exceed (see ``Settings.validate``)."""
     transaction_timeout_ms: int = 20_000
     """Kafka aborts a transaction of this sidecar left open longer (a paused process)."""
+    reset_backoff_s: float = 0.5
+    """Pause between tries of re-initialising the transactional producer."""
     client: Mapping[str, str | int | bool] = field(default_factory=dict)
     """Extra aiokafka client settings (security_protocol, sasl_*, ssl...), passed through."""
 
@@ -68,6 +70,13 @@ class ZooKeeperSettings:
     root: str = "/ordered"
     session_timeout_s: float = 15.0
     """A sidecar cut off (or paused) this long is no longer waited for by barriers."""
+    lock_poll_s: float = 0.05
+    """How often a topic's change lock is tried again while another sidecar holds it."""
+    transaction_attempts: int = 5
+    """Tries of a multi-node ZooKeeper transaction that lost a compare-and-set race."""
+    topic_list_interval_s: float = 1.0
+    """How often the list of managed topics is re-read, so that a topic managed by
+    another sidecar is watched (and its barriers acked) within this delay."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +94,8 @@ class HttpSettings:
     body_read_timeout_s: float = 30.0
     """A request body must be complete this long after its head, or 408 and closed."""
     keepalive_timeout_s: float = 75.0
+    shutdown_grace_s: float = 30.0
+    """On SIGTERM, how long requests in progress may take before the server closes."""
     """An idle kept-alive connection is closed after this long (nginx's default: longer
     than the idle time most HTTP clients reuse a connection for)."""
 
@@ -96,6 +107,28 @@ class ProduceSettings:
     barrier_timeout_s: float = 20.0
     """How long a coordinator waits for every live sidecar to ack before rolling back."""
     tombstone_cache_size: int = 100_000
+    writer_retry_s: float = 0.5
+    """Pause between tries of replacing a fenced or lost transactional producer."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSettings:
+    """Partition-count changes, retirement and the housekeeping that resumes them."""
+
+    barrier_poll_s: float = 0.02
+    """How often a coordinator re-reads barrier acks (a watch would save little here:
+    the barrier lasts as long as the slowest sidecar's in-flight sends)."""
+    action_retry_s: float = 0.5
+    """Pause before a coordinator retries a step that failed (Kafka or ZooKeeper away)."""
+    lock_timeout_s: float = 10.0
+    """How long a change waits for the topic's lock. Housekeeping (retirement,
+    resumption) holds it briefly; a change in progress is refused at once from its
+    journal, not by timing out on the lock."""
+    retirement_lock_timeout_s: float = 0.5
+    """How long retirement waits for the topic's lock (it tries again next round)."""
+    housekeeping_interval_s: float = 2.0
+    """How often a sidecar looks for changes whose coordinator died and for partitions
+    to retire (every sidecar does; the topic lock makes one of them act)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +162,10 @@ class AuditSettings:
     key's history is complete); key-less events are always emitted."""
     buffer_size: int = 100_000
     """Events waiting to be sent; beyond it events are dropped and counted, never waited for."""
+    batch_size: int = 500
+    """Events sent to the audit topic in one batch."""
+    partitions: int = 6
+    """Partitions of the audit topic when the sidecar creates it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +188,7 @@ class Settings:
     zookeeper: ZooKeeperSettings = field(default_factory=ZooKeeperSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     produce: ProduceSettings = field(default_factory=ProduceSettings)
+    changes: ChangeSettings = field(default_factory=ChangeSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
@@ -190,6 +228,23 @@ class Settings:
                 f"kafka.request_timeout_ms ({self.kafka.request_timeout_ms}): a transaction "
                 "commits within one request timeout"
             )
+        if self.changes.housekeeping_interval_s >= self.produce.barrier_timeout_s:
+            raise ConfigError(
+                f"changes.housekeeping_interval_s ({self.changes.housekeeping_interval_s:g} s) "
+                f"must be below produce.barrier_timeout_s ({self.produce.barrier_timeout_s:g} s): "
+                "a change whose coordinator died is resumed before its barrier times out"
+            )
+        if self.zookeeper.lock_poll_s >= self.changes.lock_timeout_s:
+            raise ConfigError(
+                f"zookeeper.lock_poll_s ({self.zookeeper.lock_poll_s:g} s) must be below "
+                f"changes.lock_timeout_s ({self.changes.lock_timeout_s:g} s): the lock is "
+                "tried at least twice"
+            )
+        if self.consumer.gate_recheck_s >= self.consumer.instance_idle_timeout_s:
+            raise ConfigError(
+                f"consumer.gate_recheck_s ({self.consumer.gate_recheck_s:g} s) must be below "
+                f"consumer.instance_idle_timeout_s ({self.consumer.instance_idle_timeout_s:g} s)"
+            )
         return self
 
 
@@ -198,6 +253,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "zookeeper": ZooKeeperSettings,
     "http": HttpSettings,
     "produce": ProduceSettings,
+    "changes": ChangeSettings,
     "consumer": ConsumerSettings,
     "audit": AuditSettings,
     "faults": FaultSettings,
@@ -297,6 +353,28 @@ def _validate_http_limits(values: HttpSettings) -> None:
             raise ConfigError(f"http.{name} must be positive, got {getattr(values, name)}")
 
 
+_POSITIVE = {
+    "changes": (
+        "barrier_poll_s",
+        "action_retry_s",
+        "lock_timeout_s",
+        "retirement_lock_timeout_s",
+        "housekeeping_interval_s",
+    ),
+    "zookeeper": ("lock_poll_s", "transaction_attempts", "topic_list_interval_s"),
+    "kafka": ("reset_backoff_s",),
+    "http": ("shutdown_grace_s",),
+    "produce": ("writer_retry_s",),
+    "audit": ("batch_size", "partitions"),
+}
+
+
+def _validate_positive(section: str, values: Any) -> None:
+    for name in _POSITIVE[section]:
+        if not getattr(values, name) > 0:
+            raise ConfigError(f"{section}.{name} must be positive, got {getattr(values, name)}")
+
+
 def _validate_consumer(values: ConsumerSettings) -> None:
     if values.buffer_limit < 1:
         raise ConfigError(f"consumer.buffer_limit must be at least 1, got {values.buffer_limit}")
@@ -342,5 +420,7 @@ def _validate(section: str, values: Any) -> None:
         )
     if section == "consumer":
         _validate_consumer(values)
+    if section in {"changes", "zookeeper", "kafka", "http", "produce", "audit"}:
+        _validate_positive(section, values)
     if section == "kafka" and values.replication_margin_ms < 0:
         raise ConfigError("kafka.replication_margin_ms must not be negative")

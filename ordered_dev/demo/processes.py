@@ -33,7 +33,7 @@ from sidecar.config import ENV_PREFIX, Settings
 STATE_FILE = "demo.json"
 READY_WITHIN_S = 90.0
 STOP_GRACE_S = 40.0
-"""A sidecar drains its requests for up to 30 s (``SHUTDOWN_GRACE_S``) before it exits."""
+"""A sidecar drains its requests for up to 30 s (``http.shutdown_grace_s``) before it exits."""
 
 
 class DemoError(Exception):

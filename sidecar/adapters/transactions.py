@@ -57,7 +57,6 @@ from sidecar.core.errors import KafkaUnavailable, ProducerFenced
 
 _log = logging.getLogger(__name__)
 
-_RESET_BACKOFF_S = 0.5
 
 Outcome = SentRecord | SendFailed
 
@@ -307,7 +306,7 @@ class TransactionalWriter:
                 _log.warning("re-initialising %s failed, retrying: %s", self.transactional_id, exc)
                 if self._stopping:
                     return
-                await asyncio.sleep(_RESET_BACKOFF_S)
+                await asyncio.sleep(self._settings.reset_backoff_s)
 
     def _mark_fenced(self) -> None:
         if not self._fenced:

@@ -111,8 +111,6 @@ _CONNECTION_ERRORS = (
 )
 # A concurrent writer changed what a transaction was built from: read again and retry.
 _RACE_ERRORS = (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError)
-_TRANSACTION_ATTEMPTS = 5
-_LOCK_POLL_S = 0.05
 _SESSION_STATES = {
     KazooState.CONNECTED: SessionState.CONNECTED,
     KazooState.SUSPENDED: SessionState.SUSPENDED,
@@ -133,9 +131,17 @@ class MetadataStore:
     """One ZooKeeper session and one method per metadata operation."""
 
     def __init__(
-        self, hosts: str, *, root: str = "/ordered", session_timeout_s: float = 10.0
+        self,
+        hosts: str,
+        *,
+        root: str = "/ordered",
+        session_timeout_s: float = 10.0,
+        lock_poll_s: float = 0.05,
+        transaction_attempts: int = 5,
     ) -> None:
         self._root = root.rstrip("/")
+        self._lock_poll_s = lock_poll_s
+        self._transaction_attempts = transaction_attempts
         self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = SessionState.LOST
@@ -252,7 +258,7 @@ class MetadataStore:
         self, sidecar_id: str, data: bytes, transactional_id: TransactionalId | None
     ) -> None:
         path = self._sidecar_path(sidecar_id)
-        for _ in range(_TRANSACTION_ATTEMPTS):
+        for _ in range(self._transaction_attempts):
             transaction = self._client.transaction()
             stat = self._client.exists(path)
             if stat is not None and stat.ephemeralOwner == self._client.client_id[0]:
@@ -500,7 +506,7 @@ class MetadataStore:
                     f"{holder.owner} holds the change lock of {topic!r} for {holder.purpose} "
                     f"({time.time() - holder.acquired_at:.1f} s)"
                 )
-            await asyncio.sleep(_LOCK_POLL_S)
+            await asyncio.sleep(self._lock_poll_s)
         try:
             yield
         finally:
@@ -739,7 +745,7 @@ class MetadataStore:
         operation: Operation,
     ) -> None:
         path, number = self._topic_path(topic), generation.number
-        for _ in range(_TRANSACTION_ATTEMPTS):
+        for _ in range(self._transaction_attempts):
             if self._client.exists(self._generation_path(topic, number)) is not None:
                 self._remove_barrier(topic, number)
                 self._save_operation(operation)
@@ -813,7 +819,7 @@ class MetadataStore:
             self._client.ensure_path(f"{self._root}/{child}")
 
     def _delete_tree(self, path: str) -> None:
-        for _ in range(_TRANSACTION_ATTEMPTS):
+        for _ in range(self._transaction_attempts):
             try:
                 self._client.delete(path, recursive=True)
                 return

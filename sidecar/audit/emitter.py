@@ -24,9 +24,6 @@ from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
 
-AUDIT_PARTITIONS = 6
-BATCH = 500
-
 
 class AuditEmitter:
     def __init__(
@@ -46,7 +43,7 @@ class AuditEmitter:
         self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=settings.buffer_size)
         self._sequence = itertools.count()
         self._task: asyncio.Task[None] | None = None
-        self._partitions = AUDIT_PARTITIONS
+        self._partitions = self.settings.partitions
 
     @property
     def enabled(self) -> bool:
@@ -58,13 +55,13 @@ class AuditEmitter:
         try:
             await self.kafka.create_topic(
                 self.settings.topic,
-                AUDIT_PARTITIONS,
+                self.settings.partitions,
                 min(3, self.replication_factor),
                 compacted=False,
             )
             # Not asked back: a broker other than the one that answered the creation may
             # not list the new topic yet.
-            self._partitions = AUDIT_PARTITIONS
+            self._partitions = self.settings.partitions
         except TopicExists:
             self._partitions = await self.kafka.partition_count(self.settings.topic)
         self._task = asyncio.create_task(self._send_forever())
@@ -90,11 +87,11 @@ class AuditEmitter:
     async def _send_forever(self) -> None:
         while True:
             first = await self._queue.get()
-            await self._send([first, *self._drain(BATCH - 1)])
+            await self._send([first, *self._drain(self.settings.batch_size - 1)])
 
     async def _flush(self) -> None:
         while not self._queue.empty():
-            await self._send(self._drain(BATCH))
+            await self._send(self._drain(self.settings.batch_size))
 
     def _drain(self, limit: int) -> list[Event]:
         batch: list[Event] = []

@@ -27,6 +27,7 @@ from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
+from sidecar.config import ChangeSettings
 from sidecar.core.errors import ChangeTakenOver, OperationInProgress, SidecarError
 from sidecar.core.generations import PartitionMode, modes_after_commit
 from sidecar.core.procedures import (
@@ -61,14 +62,6 @@ from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
 
-BARRIER_POLL_S = 0.02
-"""How often the coordinator re-reads barrier acks (a watch would save little here:
-the barrier lasts as long as the slowest sidecar's in-flight sends)."""
-
-ACTION_RETRY_S = 0.5
-LOCK_TIMEOUT_S = 10.0
-"""Housekeeping (retirement, resumption) holds a topic's lock briefly; a change in
-progress is refused at once from its journal, not by timing out on the lock."""
 
 ProgressCallback = Callable[[Operation], None]
 
@@ -95,7 +88,9 @@ class ChangeRunner:
         barrier_timeout_s: float,
         kill_after_phase: Phase | None = None,
         audit: AuditEmitter | None = None,
+        settings: ChangeSettings | None = None,
     ) -> None:
+        self.settings = settings or ChangeSettings()
         self.sidecar_id = SidecarId(sidecar_id)
         self.store = store
         self.kafka = kafka
@@ -129,7 +124,7 @@ class ChangeRunner:
         if request.validate_only:
             operation, _, _ = self._plan(request, state)
             return operation
-        async with self.store.lock(request.topic, self.sidecar_id, LOCK_TIMEOUT_S):
+        async with self.store.lock(request.topic, self.sidecar_id, self.settings.lock_timeout_s):
             # A change left unfinished (its coordinator died or lost the lock) comes first.
             stored = await self.store.take_over_operation(request.topic)
             if stored is not None and stored.phase not in FINAL_PHASES:
@@ -245,7 +240,7 @@ class ChangeRunner:
                 raise
             except SidecarError as exc:
                 _log.warning("journal of %s not saved, retrying: %s", operation.topic, exc.message)
-                await asyncio.sleep(ACTION_RETRY_S)
+                await asyncio.sleep(self.settings.action_retry_s)
 
     async def _run_until_done(self, operation: Operation, action: Action) -> Observation:
         """Run ``action`` until it has an outcome, whatever ZooKeeper or Kafka do meanwhile.
@@ -266,7 +261,7 @@ class ChangeRunner:
                 if operation.phase in BEFORE_COMMIT and time.time() >= operation.barrier_deadline:
                     return Failed(f"{type(action).__name__} failed: {reason}")
                 _log.warning("%s of %s failed, retrying: %s", action, operation.topic, reason)
-                await asyncio.sleep(ACTION_RETRY_S)
+                await asyncio.sleep(self.settings.action_retry_s)
 
     async def _run(self, operation: Operation, action: Action) -> Observation:
         match action:
@@ -315,12 +310,12 @@ class ChangeRunner:
                 # the change is rolled back (which itself waits for ZooKeeper).
                 if time.time() >= operation.barrier_deadline:
                     return Failed(f"barrier: {exc.message}")
-                await asyncio.sleep(ACTION_RETRY_S)
+                await asyncio.sleep(self.settings.action_retry_s)
                 continue
             moved, _ = step(operation, progress)
             if moved.phase is not Phase.BARRIER:
                 return progress
-            await asyncio.sleep(BARRIER_POLL_S)
+            await asyncio.sleep(self.settings.barrier_poll_s)
 
     async def _barrier_progress(self, operation: Operation) -> BarrierProgress:
         topic, generation = operation.topic, operation.pending_generation

@@ -47,11 +47,6 @@ from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
 
-# How often the list of managed topics is re-read, so that a topic managed by another
-# sidecar is watched (and its barriers acked) within this delay.
-TOPIC_LIST_INTERVAL_S = 1.0
-RECOVERY_RETRY_S = 0.5
-
 
 @dataclass
 class TopicRuntime:
@@ -343,7 +338,7 @@ class TopicRegistry:
                     break
                 except SidecarError as exc:
                     _log.warning("re-registering the producer failed, retrying: %s", exc.message)
-                    await asyncio.sleep(RECOVERY_RETRY_S)
+                    await asyncio.sleep(self.settings.produce.writer_retry_s)
             await self._forget_retired()
             await self._reload_after_reconnect()
 
@@ -393,7 +388,7 @@ class TopicRegistry:
 
     async def _topic_list_loop(self) -> None:
         while True:
-            await asyncio.sleep(TOPIC_LIST_INTERVAL_S)
+            await asyncio.sleep(self.settings.zookeeper.topic_list_interval_s)
             with contextlib.suppress(MetadataUnavailable):
                 await self.refresh_topic_list()
 

@@ -41,13 +41,18 @@ from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT_S = 0.5
-
 
 class Retirer:
     def __init__(
-        self, sidecar_id: str, store: MetadataStore, kafka: KafkaGateway, metrics: SidecarMetrics
+        self,
+        sidecar_id: str,
+        store: MetadataStore,
+        kafka: KafkaGateway,
+        metrics: SidecarMetrics,
+        *,
+        lock_timeout_s: float = 0.5,
     ) -> None:
+        self.lock_timeout_s = lock_timeout_s
         self.sidecar_id = sidecar_id
         self.store = store
         self.kafka = kafka
@@ -84,7 +89,7 @@ class Retirer:
             decisions[partition] = retirement_action(view, now)
         if all(action is RetirementAction.KEEP for action in decisions.values()):
             return decisions
-        async with self.store.lock(topic, self.sidecar_id, LOCK_TIMEOUT_S):
+        async with self.store.lock(topic, self.sidecar_id, self.lock_timeout_s):
             # Read again under the lock: an expansion may have made a partition
             # read-write again since the decisions were taken.
             state = await self.store.read_topic(topic)

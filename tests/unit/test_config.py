@@ -113,3 +113,33 @@ def test_the_default_timing_keeps_the_zombie_argument() -> None:
         settings.kafka.request_timeout_ms + settings.kafka.replication_margin_ms
     )
     assert settings.produce.barrier_timeout_s > settings.zookeeper.session_timeout_s
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        (
+            {"ORDERED_SIDECAR__CHANGES__HOUSEKEEPING_INTERVAL_S": "25"},
+            "changes.housekeeping_interval_s",
+        ),
+        ({"ORDERED_SIDECAR__ZOOKEEPER__LOCK_POLL_S": "10"}, "zookeeper.lock_poll_s"),
+        ({"ORDERED_SIDECAR__CONSUMER__GATE_RECHECK_S": "400"}, "consumer.gate_recheck_s"),
+        ({"ORDERED_SIDECAR__CONSUMER__BUFFER_LIMIT": "0"}, "consumer.buffer_limit"),
+        ({"ORDERED_SIDECAR__CHANGES__ACTION_RETRY_S": "0"}, "changes.action_retry_s"),
+        ({"ORDERED_SIDECAR__AUDIT__BATCH_SIZE": "-1"}, "audit.batch_size"),
+    ],
+)
+def test_related_and_out_of_range_tunables_are_refused(environ: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_settings(environ=environ)
+
+
+def test_the_tunables_default_to_the_values_the_code_had() -> None:
+    settings = load_settings(environ={})
+    assert settings.consumer.gate_recheck_s == 0.05
+    assert settings.consumer.buffer_limit == 2000
+    assert settings.consumer.instance_idle_timeout_s == 300.0
+    assert settings.changes.housekeeping_interval_s == 2.0
+    assert settings.changes.lock_timeout_s == 10.0
+    assert settings.http.shutdown_grace_s == 30.0
+    assert settings.zookeeper.transaction_attempts == 5
