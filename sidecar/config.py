@@ -70,6 +70,9 @@ class ZooKeeperSettings:
     """A sidecar cut off (or paused) this long is no longer waited for by barriers."""
 
 
+ACCESS_LOG_MODES = ("off", "errors", "all")
+
+
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
     host: str = "127.0.0.1"
@@ -87,6 +90,9 @@ class HttpSettings:
     keepalive_timeout_s: float = 75.0
     """An idle kept-alive connection is closed after this long (nginx's default: longer
     than the idle time most HTTP clients reuse a connection for)."""
+    access_log: str = "errors"
+    """``errors``: one line per request answered 400 or above; ``all``: every request;
+    ``off``: none (logger ``sidecar.access``, INFO)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +272,10 @@ def _redacted(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _validate_http_limits(values: HttpSettings) -> None:
+    if values.access_log not in ACCESS_LOG_MODES:
+        raise ConfigError(
+            f"http.access_log must be one of off, errors, all; got {values.access_log!r}"
+        )
     if values.max_connections < 1:
         raise ConfigError(f"http.max_connections must be at least 1, got {values.max_connections}")
     for name in ("header_read_timeout_s", "body_read_timeout_s", "keepalive_timeout_s"):

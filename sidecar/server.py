@@ -23,6 +23,7 @@ from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.config import Settings
 from sidecar.core.errors import SidecarError
 from sidecar.core.procedures import Phase
+from sidecar.http.access_log import access_log_options
 from sidecar.http.app import build_app
 from sidecar.http.connections import LINGERING_TIME_S, ConnectionGuard, GuardedSite
 from sidecar.http.connections import install as install_connection_guard
@@ -94,6 +95,7 @@ class SidecarServer:
             handle_signals=False,
             keepalive_timeout=http.keepalive_timeout_s,
             lingering_time=LINGERING_TIME_S,
+            **access_log_options(http.access_log),
         )
         await self._runner.setup()
         site = GuardedSite(self._runner, http.host, http.port, self.connections)

@@ -65,6 +65,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
         ("", {"ORDERED_SIDECAR__HTTP__BODY_READ_TIMEOUT_S": "nan"}, "must be positive"),
         ("[http]\nkeepalive_timeout_s = -1\n", {}, "keepalive_timeout_s must be positive"),
         ("[http]\nadmin_enabled = true\n", {}, "needs http.admin_token"),
+        ('[http]\naccess_log = "some"\n', {}, "http.access_log must be one of off, errors, all"),
         ('[zookeeper]\nroot = "ordered"\n', {}, "absolute path"),
         ("[kafka]\nclient = 3\n", {}, "kafka.client must be a table"),
         ("[http\n", {}, "not valid TOML"),
