@@ -102,6 +102,10 @@ class ProduceSettings:
     barrier_timeout_s: float = 20.0
     """How long a coordinator waits for every live sidecar to ack before rolling back."""
     tombstone_cache_size: int = 100_000
+    unmanaged_cache_s: float = 1.0
+    """How long "this topic is not managed" is believed without asking ZooKeeper again
+    (a new managed topic is also noticed at once by a watch). Shorter than the session
+    timeout, so a sidecar resumed after a pause past its session asks again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +170,13 @@ class Settings:
                 f"produce.barrier_timeout_s ({self.produce.barrier_timeout_s:g} s) must exceed "
                 f"zookeeper.session_timeout_s ({self.zookeeper.session_timeout_s:g} s): otherwise "
                 "a crashed sidecar rolls every change back instead of being left behind"
+            )
+        if not 0 <= self.produce.unmanaged_cache_s < self.zookeeper.session_timeout_s:
+            raise ConfigError(
+                f"produce.unmanaged_cache_s ({self.produce.unmanaged_cache_s:g} s) must be at "
+                f"least 0 and less than zookeeper.session_timeout_s "
+                f"({self.zookeeper.session_timeout_s:g} s): a sidecar resumed after a pause past "
+                "its session must ask again whether a topic became managed meanwhile"
             )
         if self.kafka.transaction_timeout_ms <= self.kafka.request_timeout_ms:
             raise ConfigError(

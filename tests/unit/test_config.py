@@ -90,6 +90,12 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             {},
             "kafka.transaction_timeout_ms (5000) must exceed kafka.request_timeout_ms",
         ),
+        (
+            "[produce]\nunmanaged_cache_s = 15\n",
+            {},
+            "produce.unmanaged_cache_s (15 s) must be at least 0 and less than "
+            "zookeeper.session_timeout_s (15 s)",
+        ),
         ('sidecar_id = "a/b"\n', {}, "sidecar_id"),
         ('sidecar_id = "a~b"\n', {}, "'a~b' is not a sidecar id"),
         ('[kafka]\nclient_id = "my app"\n', {}, "kafka.client_id 'my app' cannot name"),
