@@ -254,6 +254,10 @@ class RetirementView:
     """Every consumer group known to the sidecars has committed at least ``log_end``."""
     delete_after: float | None
     """Wall-clock time (seconds) after which the partition is removed regardless."""
+    revocations_pending: bool = False
+    """Some known group read the partition and has not acknowledged every keys_revoked
+    of it: even empty (truncated earlier, brought back, nothing written since) it stays
+    assigned, so its owner can still tell them."""
 
 
 class RetirementAction(StrEnum):
@@ -267,7 +271,7 @@ class RetirementAction(StrEnum):
 
 def retirement_action(view: RetirementView, now: float) -> RetirementAction:
     """Decide what to do with a read-only partition (DESIGN §5 "Retirement")."""
-    if view.log_start >= view.log_end:
+    if view.log_start >= view.log_end and not view.revocations_pending:
         return RetirementAction.REMOVE
     if view.delete_after is not None and now >= view.delete_after:
         return RetirementAction.REMOVE

@@ -154,6 +154,12 @@ def test_modes_after_commit() -> None:
     ("view", "now", "action"),
     [
         (RetirementView(5, 5, False, None), 0.0, RetirementAction.REMOVE),
+        (RetirementView(5, 5, False, None, revocations_pending=True), 0.0, RetirementAction.KEEP),
+        (
+            RetirementView(5, 5, False, 10.0, revocations_pending=True),
+            10.0,
+            RetirementAction.REMOVE,
+        ),
         (RetirementView(0, 5, False, None), 0.0, RetirementAction.KEEP),
         (RetirementView(0, 5, True, None), 0.0, RetirementAction.TRUNCATE),
         (RetirementView(0, 5, False, 100.0), 99.9, RetirementAction.KEEP),
