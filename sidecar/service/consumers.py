@@ -1075,6 +1075,32 @@ class ConsumerInstance:
                 return
             await asyncio.sleep(0.02)
 
+    async def record_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
+        """Write the keys_revoked acknowledgements this instance still holds for
+        ``partitions`` to ZooKeeper before a rebalance gives them away.
+
+        Their next owner reads the group's acknowledgements before telling its app; one
+        kept here (ZooKeeper was away when the app answered) would be told again. While
+        ZooKeeper is away the rebalance waits, for at most ``REVOKE_ACK_WAIT_S``.
+        """
+        leaving = {(tp.topic, tp.partition) for tp in partitions}
+        deadline = time.monotonic() + REVOKE_ACK_WAIT_S
+        while True:
+            held = [s for s in self._unrecorded if (s[0], s[1]) in leaving]
+            if not held:
+                return
+            await self._record_unrecorded()
+            if not any(s in self._unrecorded for s in held):
+                return
+            if time.monotonic() >= deadline:
+                _log.warning(
+                    "keys_revoked acknowledgements of %s not recorded before the rebalance; "
+                    "the partitions' next owner may tell them again",
+                    sorted(held),
+                )
+                return
+            await asyncio.sleep(CALLBACK_RETRY_S)
+
     async def _commit_quietly(self, *, force: bool) -> None:
         """Auto-commit; a failure (a rebalance in progress, a coordinator moving) is
         retried at the next poll instead of failing the app's read."""
@@ -1250,6 +1276,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
                     # Outside the delivery lock: the app keeps polling, and finds and
                     # acknowledges the keys-revoked events this waits for.
                     await instance.settle_before_revoke(sorted(partitions))
+            await instance.record_before_revoke(sorted(partitions))
             async with instance._delivery_lock:
                 if instance.config.auto_commit:
                     with contextlib.suppress(SidecarError, KafkaError):
