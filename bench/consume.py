@@ -15,7 +15,10 @@ a fresh consumer group:
 * **sidecar, 1 instance**: one REST consumer instance (binary format, auto-commit on)
   subscribed to the managed topic, read with ``GET records?max_bytes=...`` in a loop;
 * **sidecar, 2 instances**: two instances of one group on the same sidecar, read in
-  parallel (the group splits the partitions between them).
+  parallel (the group splits the partitions between them);
+* **sidecar, unmanaged topic**: one REST instance reading the plain topic, which the
+  sidecar passes through without gating: the sidecar's own pass-through cost, against
+  which the ordered path is judged (managed / unmanaged).
 
 Each run starts once the group has its assignment (the join is not timed) and ends
 when the last record has arrived; records/s is the record count over that time. The
@@ -73,8 +76,11 @@ FULL = Plan(sizes=(100, 1024), records={100: 200_000, 1024: 200_000}, rounds=2, 
 QUICK = Plan(sizes=(100, 1024), records={100: 20_000, 1024: 10_000}, rounds=1, max_bytes=4 * MIB)
 
 DIRECT, SIDECAR_ONE, SIDECAR_TWO = "direct", "sidecar-1", "sidecar-2"
+UNMANAGED = "sidecar-unmanaged"
+PATHS = (DIRECT, UNMANAGED, SIDECAR_ONE, SIDECAR_TWO)
 LABELS = {
     DIRECT: "direct AIOKafkaConsumer, 1 member",
+    UNMANAGED: "sidecar, 1 REST instance, unmanaged topic",
     SIDECAR_ONE: "sidecar, 1 REST instance",
     SIDECAR_TWO: "sidecar, 2 REST instances (one sidecar)",
 }
@@ -255,9 +261,7 @@ async def _until_assigned(consumers: Sequence[RestConsumer], topic: str) -> None
 class SizeResult:
     size: int
     records: int
-    runs: dict[str, list[ReadRun]] = field(
-        default_factory=lambda: {DIRECT: [], SIDECAR_ONE: [], SIDECAR_TWO: []}
-    )
+    runs: dict[str, list[ReadRun]] = field(default_factory=lambda: {p: [] for p in PATHS})
 
 
 async def run(plan: Plan, profile: Path | None, log: IO[bytes]) -> tuple[list[SizeResult], str]:
@@ -292,7 +296,7 @@ async def run(plan: Plan, profile: Path | None, log: IO[bytes]) -> tuple[list[Si
                     result = SizeResult(size, count)
                     results.append(result)
                     for round_index in range(plan.rounds):
-                        order = [DIRECT, SIDECAR_ONE, SIDECAR_TWO]
+                        order = list(PATHS)
                         if round_index % 2:
                             order.reverse()
                         for path in order:
@@ -301,11 +305,12 @@ async def run(plan: Plan, profile: Path | None, log: IO[bytes]) -> tuple[list[Si
                                     cluster.kafka_bootstrap, plain, count, pids
                                 )
                             else:
-                                instances = 1 if path == SIDECAR_ONE else 2
-                                name = f"sidecar-{size}B-{instances}-instances-{round_index}"
+                                instances = 2 if path == SIDECAR_TWO else 1
+                                topic = plain if path == UNMANAGED else managed
+                                name = f"{path}-{size}B-{round_index}"
                                 async with profiled({name: sidecar.pid}, profile):
                                     read = await read_sidecar(
-                                        sidecar, managed, count, instances, plan.max_bytes, pids
+                                        sidecar, topic, count, instances, plan.max_bytes, pids
                                     )
                             result.runs[path].append(read)
                             print(
@@ -350,11 +355,13 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         headline.append(
             [
                 f"{result.size} B",
+                _ratio(runs[SIDECAR_ONE], runs[UNMANAGED]),
+                _ratio(runs[UNMANAGED], runs[DIRECT]),
                 _ratio(runs[SIDECAR_ONE], runs[DIRECT]),
                 _ratio(runs[SIDECAR_TWO], runs[DIRECT]),
             ]
         )
-        for path in (DIRECT, SIDECAR_ONE, SIDECAR_TWO):
+        for path in PATHS:
             rate = statistics.median(run.per_second for run in runs[path])
             rows.append(
                 [
@@ -373,10 +380,17 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
             )
     counts = ", ".join(f"{r.records:,} records of {r.size} B" for r in results)
     return [
-        "## Headline: records/s through the sidecar against direct aiokafka, same run",
+        "## Headline: records/s through the sidecar against its own pass-through and direct "
+        "aiokafka, same run",
         "",
         *markdown_table(
-            ["record size", "sidecar 1 instance / direct", "sidecar 2 instances / direct"],
+            [
+                "record size",
+                "managed / unmanaged (sidecar, 1 instance)",
+                "unmanaged (sidecar) / direct",
+                "sidecar 1 instance / direct",
+                "sidecar 2 instances / direct",
+            ],
             headline,
         ),
         "",

@@ -29,6 +29,7 @@ from sidecar.config import Settings
 from sidecar.core.errors import SidecarError
 from sidecar.core.generations import PartitionMode
 from sidecar.core.procedures import Phase
+from sidecar.http.access_log import access_log_options
 from sidecar.http.app import build_app
 from sidecar.http.callback_codec import encode_callback
 from sidecar.http.connections import LINGERING_TIME_S, ConnectionGuard, GuardedSite
@@ -112,6 +113,7 @@ class SidecarServer:
             handle_signals=False,
             keepalive_timeout=http.keepalive_timeout_s,
             lingering_time=LINGERING_TIME_S,
+            **access_log_options(http.access_log),
         )
         await self._runner.setup()
         site = GuardedSite(self._runner, http.host, http.port, self.connections)

@@ -79,6 +79,9 @@ class ZooKeeperSettings:
     another sidecar is watched (and its barriers acked) within this delay."""
 
 
+ACCESS_LOG_MODES = ("off", "errors", "all")
+
+
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
     host: str = "127.0.0.1"
@@ -98,6 +101,9 @@ class HttpSettings:
     """On SIGTERM, how long requests in progress may take before the server closes."""
     """An idle kept-alive connection is closed after this long (nginx's default: longer
     than the idle time most HTTP clients reuse a connection for)."""
+    access_log: str = "errors"
+    """``errors``: one line per request answered 400 or above; ``all``: every request;
+    ``off``: none (logger ``sidecar.access``, INFO)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,10 @@ class ProduceSettings:
     barrier_timeout_s: float = 20.0
     """How long a coordinator waits for every live sidecar to ack before rolling back."""
     tombstone_cache_size: int = 100_000
+    unmanaged_cache_s: float = 1.0
+    """How long "this topic is not managed" is believed without asking ZooKeeper again
+    (a new managed topic is also noticed at once by a watch). Shorter than the session
+    timeout, so a sidecar resumed after a pause past its session asks again."""
     writer_retry_s: float = 0.5
     """Pause between tries of replacing a fenced or lost transactional producer."""
 
@@ -221,6 +231,13 @@ class Settings:
                 f"produce.barrier_timeout_s ({self.produce.barrier_timeout_s:g} s) must exceed "
                 f"zookeeper.session_timeout_s ({self.zookeeper.session_timeout_s:g} s): otherwise "
                 "a crashed sidecar rolls every change back instead of being left behind"
+            )
+        if not 0 <= self.produce.unmanaged_cache_s < self.zookeeper.session_timeout_s:
+            raise ConfigError(
+                f"produce.unmanaged_cache_s ({self.produce.unmanaged_cache_s:g} s) must be at "
+                f"least 0 and less than zookeeper.session_timeout_s "
+                f"({self.zookeeper.session_timeout_s:g} s): a sidecar resumed after a pause past "
+                "its session must ask again whether a topic became managed meanwhile"
             )
         if self.kafka.transaction_timeout_ms <= self.kafka.request_timeout_ms:
             raise ConfigError(
@@ -346,6 +363,10 @@ def _redacted(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _validate_http_limits(values: HttpSettings) -> None:
+    if values.access_log not in ACCESS_LOG_MODES:
+        raise ConfigError(
+            f"http.access_log must be one of off, errors, all; got {values.access_log!r}"
+        )
     if values.max_connections < 1:
         raise ConfigError(f"http.max_connections must be at least 1, got {values.max_connections}")
     for name in ("header_read_timeout_s", "body_read_timeout_s", "keepalive_timeout_s"):

@@ -69,7 +69,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.recipe.watchers import DataWatch
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from sidecar.core import names as _names
 from sidecar.core.errors import (
@@ -439,6 +439,16 @@ class MetadataStore:
             pending=None if pending is None else pending_from_json(pending),
             operation=operation,
         )
+
+    def watch_topic_list(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop whenever a topic becomes managed or stops being
+        managed (the children of the topics node change), and once when the watch is set,
+        and again after every reconnect (kazoo re-reads the children then)."""
+
+        def changed(children: list[str]) -> None:
+            self._to_loop(callback)
+
+        self._client.handler.spawn(ChildrenWatch, self._client, f"{self._root}/topics", changed)
 
     def watch_topic(self, topic: str, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever the topic, its partitions or its pending

@@ -141,6 +141,12 @@ def waits_into(log: GenerationLog, partition: int, generation: int) -> tuple[Wai
     The transitive closure of ``direct_waits`` (see the module comment), one wait per
     source partition, sorted by source. Waits on offset 0 are dropped: always met.
     """
+    return log.derived(
+        ("waits_into", partition, generation), lambda: _waits_into(log, partition, generation)
+    )
+
+
+def _waits_into(log: GenerationLog, partition: int, generation: int) -> tuple[Wait, ...]:
     strongest: dict[int, Wait] = {}
     seen: set[tuple[int, int]] = set()
     pending = [(partition, generation)]

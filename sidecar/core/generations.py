@@ -16,9 +16,12 @@ so that a boundary lost to log truncation can be detected rather than trusted.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar, cast
+
+_T = TypeVar("_T")
 
 
 class PartitionMode(StrEnum):
@@ -82,6 +85,16 @@ class GenerationLog:
 
     initial_count: int
     generations: tuple[Generation, ...]
+    _by_partition: dict[int, tuple[list[int], list[int]]] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    """Per partition, the generations that have a boundary in it and those boundaries,
+    built on first use: the consume path asks the generation of every record, and a
+    long-lived topic has hundreds of generations. A memo; the log itself never changes."""
+    _derived: dict[Hashable, object] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+    """Facts other pure functions derive from the log, by key (see ``derived``)."""
 
     @classmethod
     def start(
@@ -169,6 +182,34 @@ class GenerationLog:
         below ``offset``. Raises ValueError if ``partition`` does not exist in any
         generation, or ``offset`` is below the partition's first boundary.
         """
+        return self.generation_span(partition, offset)[0]
+
+    def generation_span(self, partition: int, offset: int) -> tuple[int, int | None]:
+        """``generation_of(partition, offset)``, and the offset at which the next
+        generation's records begin in ``partition`` (None: none has yet). Every record
+        from ``offset`` up to it belongs to the same generation, so a reader decides
+        once for the run. Raises ValueError as ``generation_of`` does."""
+        numbers, offsets = self._boundaries_in(partition)
+        index = bisect.bisect_right(offsets, offset) - 1
+        if index < 0:
+            raise ValueError(
+                f"offset {offset} of partition {partition} is below its first boundary {offsets[0]}"
+            )
+        end = offsets[index + 1] if index + 1 < len(offsets) else None
+        return numbers[index], end
+
+    def derived(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+        """``compute()``, once per log and ``key``: for pure functions of the log (and
+        of the key) that the consume path asks on every poll, such as a partition's
+        revocation points or a record's waits."""
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return cast(_T, self._derived[key])
+
+    def _boundaries_in(self, partition: int) -> tuple[list[int], list[int]]:
+        cached = self._by_partition.get(partition)
+        if cached is not None:
+            return cached
         numbers: list[int] = []
         offsets: list[int] = []
         for generation in self.generations:
@@ -178,12 +219,8 @@ class GenerationLog:
                 offsets.append(boundary)
         if not numbers:
             raise ValueError(f"partition {partition} is unknown to the generation log")
-        index = bisect.bisect_right(offsets, offset) - 1
-        if index < 0:
-            raise ValueError(
-                f"offset {offset} of partition {partition} is below its first boundary {offsets[0]}"
-            )
-        return numbers[index]
+        self._by_partition[partition] = (numbers, offsets)
+        return numbers, offsets
 
 
 def modes_after_commit(
@@ -217,6 +254,10 @@ class RetirementView:
     """Every consumer group known to the sidecars has committed at least ``log_end``."""
     delete_after: float | None
     """Wall-clock time (seconds) after which the partition is removed regardless."""
+    revocations_pending: bool = False
+    """Some known group read the partition and has not acknowledged every keys_revoked
+    of it: even empty (truncated earlier, brought back, nothing written since) it stays
+    assigned, so its owner can still tell them."""
 
 
 class RetirementAction(StrEnum):
@@ -230,7 +271,7 @@ class RetirementAction(StrEnum):
 
 def retirement_action(view: RetirementView, now: float) -> RetirementAction:
     """Decide what to do with a read-only partition (DESIGN §5 "Retirement")."""
-    if view.log_start >= view.log_end:
+    if view.log_start >= view.log_end and not view.revocations_pending:
         return RetirementAction.REMOVE
     if view.delete_after is not None and now >= view.delete_after:
         return RetirementAction.REMOVE

@@ -111,6 +111,10 @@ def revocations_crossed(
 
 def revocation_points(log: GenerationLog, partition: int) -> tuple[Revocation, ...]:
     """Every change that moved keys away from ``partition``, oldest first."""
+    return log.derived(("revocation_points", partition), lambda: _revocation_points(log, partition))
+
+
+def _revocation_points(log: GenerationLog, partition: int) -> tuple[Revocation, ...]:
     points: list[Revocation] = []
     for number in range(1, len(log.generations)):
         before, after = log[number - 1], log[number]

@@ -7,6 +7,7 @@ REST Proxy serializes them: a commit waits for a long poll of the same instance.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 from aiohttp import web
@@ -157,7 +158,7 @@ async def get_assignments(request: web.Request) -> web.Response:
     return _json(assignments_body(partitions))
 
 
-async def records(request: web.Request) -> web.Response:
+async def records(request: web.Request) -> web.StreamResponse:
     instance = _instance(request)
     fmt = EmbeddedFormat(instance.config.format)
     content_type = records_content_type(request.headers.get("Accept"), fmt)
@@ -184,8 +185,23 @@ async def records(request: web.Request) -> web.Response:
             # Not sent, so not delivered: the next poll starts from the same records.
             instance.undeliver(result)
             raise
+        # Sent here, under the instance's lock, not after the handler returns: a client
+        # that went away while the poll waited (its timeout passed, its sidecar was
+        # paused) would otherwise lose the records, and a commit of everything delivered
+        # would skip them for the whole group.
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        response.content_length = len(body)
+        try:
+            if request.transport is None or request.transport.is_closing():
+                raise ConnectionResetError("the client closed the connection")
+            await response.prepare(request)
+            await response.write(body)
+            await response.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            instance.undeliver(result)
+            raise
         instance.audit_delivered(result)
-    return web.Response(body=body, headers={"Content-Type": content_type})
+    return response
 
 
 async def commit(request: web.Request) -> web.Response:

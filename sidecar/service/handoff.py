@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from sidecar.adapters.callbacks import CallbackClient
 from sidecar.core.consume import TopicPartition
@@ -91,6 +92,34 @@ class HandoffTeller:
                 _log.info("keys_revoked acknowledgement kept for later: %s", exc.message)
                 return
             self._unrecorded.discard(subject)
+
+    async def record_before_revoke(
+        self, partitions: Sequence[TopicPartition], *, wait_s: float, retry_s: float
+    ) -> None:
+        """Write the keys_revoked acknowledgements this instance still holds for
+        ``partitions`` to ZooKeeper before a rebalance gives them away.
+
+        Their next owner reads the group's acknowledgements before telling its app; one
+        kept here (ZooKeeper was away when the app answered) would be told again. While
+        ZooKeeper is away the rebalance waits, for at most ``wait_s``.
+        """
+        leaving = {(tp.topic, tp.partition) for tp in partitions}
+        deadline = time.monotonic() + wait_s
+        while True:
+            held = [s for s in self._unrecorded if (s.topic, s.partition) in leaving]
+            if not held:
+                return
+            await self.record_unrecorded()
+            if not any(s in self._unrecorded for s in held):
+                return
+            if time.monotonic() >= deadline:
+                _log.warning(
+                    "keys_revoked acknowledgements of %s not recorded before the rebalance; "
+                    "the partitions' next owner may tell them again",
+                    sorted(held),
+                )
+                return
+            await asyncio.sleep(retry_s)
 
     def partitions_lost(self, partitions: Iterable[TopicPartition]) -> None:
         """Their keys_revoked events are no longer this instance's to tell: the new owner

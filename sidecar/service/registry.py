@@ -47,6 +47,9 @@ from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
 
+UNMANAGED_CACHE_SIZE = 10_000
+"""Most "not managed" answers kept (names come from clients: bounded)."""
+
 
 @dataclass
 class TopicRuntime:
@@ -78,6 +81,10 @@ class TopicRegistry:
         self.kafka = kafka
         self.metrics = metrics
         self.topics: dict[str, TopicRuntime] = {}
+        self._unmanaged: dict[str, float] = {}
+        """Topics ZooKeeper said are not managed, and when it said so (monotonic): a
+        produce to an unmanaged topic asks again only after ``unmanaged_cache_s`` or a
+        change of the managed topics' list."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._ready = False
@@ -121,6 +128,7 @@ class TopicRegistry:
                 self._incarnation += 1
             self.spawn(self._recover())
         await self.refresh_topic_list()
+        self.store.watch_topic_list(self._topic_list_changed)
         self.spawn(self._topic_list_loop())
         self._ready = True
 
@@ -198,11 +206,27 @@ class TopicRegistry:
         existing = self.topics.get(topic)
         if existing is not None:
             return existing
+        now = time.monotonic()
+        said_at = self._unmanaged.get(topic)
+        if said_at is not None and now - said_at < self.settings.produce.unmanaged_cache_s:
+            return None
         try:
             state = await self.store.read_topic(topic)
         except UnknownTopic:
+            if len(self._unmanaged) >= UNMANAGED_CACHE_SIZE:
+                self._unmanaged.clear()  # bounded: names come from clients
+            self._unmanaged[topic] = now
             return None
         return self._adopt_runtime(state)
+
+    def _topic_list_changed(self) -> None:
+        """A topic became managed (or stopped being): believe no "not managed" read before."""
+        self._unmanaged.clear()
+        self.spawn(self._refresh_topic_list_quietly())
+
+    async def _refresh_topic_list_quietly(self) -> None:
+        with contextlib.suppress(MetadataUnavailable):
+            await self.refresh_topic_list()
 
     async def refresh_topic_list(self) -> None:
         for name in await self.store.list_topics():
@@ -216,6 +240,7 @@ class TopicRegistry:
         name = state.config.name
         if name in self.topics:
             return self.topics[name]
+        self._unmanaged.pop(name, None)
         generation = state.current
         participant = Participant(generation.number, generation.undeleted_count)
         if state.pending is not None:

@@ -5,7 +5,9 @@ written. Each round, for each such partition, the core's ``retirement_action``
 decides from its log start and end, the consumer groups' committed offsets and its
 delete-after time:
 
-* empty (log start = log end): removed;
+* empty (log start = log end) and no group that read it owes a keys_revoked of it:
+  removed (a partition truncated, brought back by an expansion and retired again before
+  anything was written to it is empty, yet a group may still have to be told);
 * consumed to its end by every consumer group registered with the sidecars, each of
   which has also acknowledged every ``keys_revoked`` of it: truncated with
   DeleteRecords, then removed;
@@ -85,7 +87,16 @@ class Retirer:
                 and not revocations_due(state.log, partition, ends[partition], acked)
                 for offsets, acked in zip(committed, acknowledged, strict=True)
             )
-            view = RetirementView(starts[partition], ends[partition], consumed, delete_after)
+            # A group that never committed an offset here never read the partition: it
+            # has no state to flush (the gate spares it the wait too).
+            pending = any(
+                partition in offsets
+                and bool(revocations_due(state.log, partition, ends[partition], acked))
+                for offsets, acked in zip(committed, acknowledged, strict=True)
+            )
+            view = RetirementView(
+                starts[partition], ends[partition], consumed, delete_after, pending
+            )
             decisions[partition] = retirement_action(view, now)
         if all(action is RetirementAction.KEEP for action in decisions.values()):
             return decisions

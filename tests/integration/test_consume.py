@@ -486,3 +486,42 @@ async def test_positions_before_a_poll_or_with_nothing_assigned_are_4xx_at_once(
             {"timestamps": [{"topic": topic, "partition": 1, "timestamp": at}]},
         )
         assert answer[0] == 204, answer
+
+
+async def test_records_of_a_response_the_client_never_read_are_delivered_again(
+    cluster: ClusterEndpoints,
+) -> None:
+    """Seen in chaos runs: a client gave up on a long poll (its timeout passed while the
+    sidecar was paused), the sidecar then released records into a response nobody read,
+    and the group's next commit of everything delivered skipped them for good."""
+    topic = unique("abandoned")
+    group = unique("group")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 1, replication_factor=cluster.replication_factor)
+        consumer = await create_consumer(sidecar, group, "c1")
+        await consumer.subscribe(topic)
+        status, body = await sidecar.produce(topic, [{"key": "k", "value": 0}])
+        assert status == 200, body
+        assert [json.loads(decoded(r)[1] or b"") for r in await _drain(consumer, 1)] == [0]
+
+        # A long poll whose client leaves before any record arrives.
+        _, writer = await asyncio.open_connection("127.0.0.1", sidecar.server.port)
+        writer.write(
+            (
+                f"GET {consumer.path}/records?timeout=5000 HTTP/1.1\r\n"
+                "Host: 127.0.0.1\r\nAccept: application/vnd.kafka.binary.v2+json\r\n\r\n"
+            ).encode()
+        )
+        await writer.drain()
+        await asyncio.sleep(0.5)
+        writer.close()
+        await writer.wait_closed()
+        # The records arrive while the abandoned poll still waits, and are released to it.
+        status, body = await sidecar.produce(topic, [{"key": "k", "value": i} for i in (1, 2)])
+        assert status == 200, body
+
+        got = await _drain(consumer, 2)
+        assert [json.loads(decoded(r)[1] or b"") for r in got] == [1, 2]
+        status, _ = await consumer.commit()
+        assert status == 204
+        await consumer.delete()

@@ -117,6 +117,50 @@ async def test_partitions_drained_by_every_group_are_truncated(cluster: ClusterE
         assert starts[2] == end
 
 
+async def test_an_empty_partition_a_group_read_waits_for_its_keys_revoked(
+    cluster: ClusterEndpoints,
+) -> None:
+    """Seen in a chaos run: a partition drained and truncated, brought back by an
+    expansion and made read-only again by a shrink before anything was written to it
+    is empty, and was removed at once; the group that had read it up to that boundary
+    was never told the second change's keys_revoked, and the gate, counting a removed
+    source as met, released the destination's records first."""
+    topic = unique("empty-again")
+    group = unique("group")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        store, kafka = sidecar.server.store, sidecar.server.kafka
+        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        await sidecar.change_count(topic, 3)
+        await sidecar.produce(topic, [{"key": _key_for(2, 2, 3), "value": 1}])
+        await store.register_group(group)
+        await sidecar.change_count(topic, 2)
+        end = (await kafka.end_offsets(topic, 3))[2]
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap, group_id=group, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, 2)])
+            await consumer.commit({TopicPartition(topic, 2): OffsetAndMetadata(end, "")})
+        finally:
+            await consumer.stop()
+        log = (await store.read_topic(topic)).log
+        [first] = revocations_due(log, 2, end, set())
+        await store.acknowledge_revocation(group, topic, 2, first.generation)
+        await _wait_for_modes(sidecar, topic, ["read_write", "read_write", "removed"])
+
+        # Brought back, nothing written, read-only again: empty, and a new keys_revoked.
+        await sidecar.change_count(topic, 3)
+        await sidecar.change_count(topic, 2)
+        log = (await store.read_topic(topic)).log
+        [second] = revocations_due(log, 2, end, {(2, first.generation)})
+        assert second.boundary == end
+        await asyncio.sleep(4.5)  # two rounds of housekeeping (one every 2 s)
+        assert await _modes(sidecar, topic) == ["read_write", "read_write", "read_only"]
+        await store.acknowledge_revocation(group, topic, 2, second.generation)
+        await _wait_for_modes(sidecar, topic, ["read_write", "read_write", "removed"])
+
+
 async def _assigned(consumers: list[RestConsumer], topic: str) -> set[int]:
     partitions: set[int] = set()
     for consumer in consumers:

@@ -65,6 +65,7 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
         ("", {"ORDERED_SIDECAR__HTTP__BODY_READ_TIMEOUT_S": "nan"}, "must be positive"),
         ("[http]\nkeepalive_timeout_s = -1\n", {}, "keepalive_timeout_s must be positive"),
         ("[http]\nadmin_enabled = true\n", {}, "needs http.admin_token"),
+        ('[http]\naccess_log = "some"\n', {}, "http.access_log must be one of off, errors, all"),
         ('[zookeeper]\nroot = "ordered"\n', {}, "absolute path"),
         ("[kafka]\nclient = 3\n", {}, "kafka.client must be a table"),
         ("[http\n", {}, "not valid TOML"),
@@ -88,6 +89,12 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             "[kafka]\ntransaction_timeout_ms = 5000\n",
             {},
             "kafka.transaction_timeout_ms (5000) must exceed kafka.request_timeout_ms",
+        ),
+        (
+            "[produce]\nunmanaged_cache_s = 15\n",
+            {},
+            "produce.unmanaged_cache_s (15 s) must be at least 0 and less than "
+            "zookeeper.session_timeout_s (15 s)",
         ),
         ('sidecar_id = "a/b"\n', {}, "sidecar_id"),
         ('sidecar_id = "a~b"\n', {}, "'a~b' is not a sidecar id"),

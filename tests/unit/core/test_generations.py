@@ -116,6 +116,16 @@ def test_every_offset_belongs_to_exactly_the_generation_whose_range_holds_it(
             assert start <= offset
             later = [g.boundary(partition) for g in log.generations[number + 1 :]]
             assert all(b is not None and b > offset for b in later)
+            # The span's end is where the next generation's records begin: every offset
+            # before it has this generation, the end itself (if any) a later one.
+            same, end = log.generation_span(partition, offset)
+            assert same == number
+            if end is None:
+                assert later == []  # the current generation
+            else:
+                assert end > offset
+                assert log.generation_of(partition, end - 1) == number
+                assert log.generation_of(partition, end) > number
 
 
 def test_modes_after_commit() -> None:
@@ -144,6 +154,12 @@ def test_modes_after_commit() -> None:
     ("view", "now", "action"),
     [
         (RetirementView(5, 5, False, None), 0.0, RetirementAction.REMOVE),
+        (RetirementView(5, 5, False, None, revocations_pending=True), 0.0, RetirementAction.KEEP),
+        (
+            RetirementView(5, 5, False, 10.0, revocations_pending=True),
+            10.0,
+            RetirementAction.REMOVE,
+        ),
         (RetirementView(0, 5, False, None), 0.0, RetirementAction.KEEP),
         (RetirementView(0, 5, True, None), 0.0, RetirementAction.TRUNCATE),
         (RetirementView(0, 5, False, 100.0), 99.9, RetirementAction.KEEP),

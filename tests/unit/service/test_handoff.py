@@ -17,8 +17,9 @@ import pytest
 from aiohttp import web
 
 from sidecar.adapters.callbacks import CallbackClient
+from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import CallbackFailed, MetadataUnavailable
-from sidecar.core.handoff import HandoffKind, Revocation
+from sidecar.core.handoff import HandoffKind, Revocation, Subject
 from sidecar.http.callback_codec import encode_callback
 from sidecar.service.handoff import HandoffTeller
 
@@ -55,17 +56,21 @@ class _Store:
         self.reads = 0
         self.read_thrice = asyncio.Event()
 
-    async def acknowledge_revocation(
-        self, group: str, topic: str, partition: int, generation: int
-    ) -> None:
-        self.acknowledged.append((group, topic, partition, generation))
-
-    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
+    def _asked(self) -> None:
         self.reads += 1
         if self.reads >= 3:
             self.read_thrice.set()
         if self.away:
             raise MetadataUnavailable()
+
+    async def acknowledge_revocation(
+        self, group: str, topic: str, partition: int, generation: int
+    ) -> None:
+        self._asked()
+        self.acknowledged.append((group, topic, partition, generation))
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
+        self._asked()
         return {(p, g) for (gr, t, p, g) in self.acknowledged if (gr, t) == (group, topic)}
 
 
@@ -191,5 +196,40 @@ async def test_no_call_is_made_while_the_group_cannot_be_read() -> None:
         assert await call is None
         assert len(app.calls) == 1
     finally:
+        await _close(teller)
+        await runner.cleanup()
+
+
+async def test_a_rebalance_waits_for_acknowledgements_zookeeper_did_not_take() -> None:
+    # Seen in a chaos run: the app answered keys_revoked while ZooKeeper was paused, the
+    # partition moved to another instance, and that instance told it again. The old
+    # owner now writes what it holds before the rebalance gives the partition away.
+    app = _App(delay_s=0.0)
+    teller, runner, store = await _teller(app)
+    revocation = Revocation(partition=7, generation=113, boundary=2533)
+    try:
+        assert await teller.revocation_pending("t", revocation) is None
+        assert store.acknowledged == [("g", "t", 7, 113)]
+        store.acknowledged.clear()
+        teller._unrecorded.add(Subject("t", 7, 113))  # as if ZooKeeper had been away then
+        store.away, store.reads = True, 0
+        store.read_thrice.clear()
+        leaving = asyncio.create_task(
+            teller.record_before_revoke([TopicPartition("t", 7)], wait_s=10.0, retry_s=0.2)
+        )
+        await asyncio.wait_for(store.read_thrice.wait(), 30)
+        assert not leaving.done()
+        store.away = False
+        await asyncio.wait_for(leaving, 30)
+        assert store.acknowledged == [("g", "t", 7, 113)]
+        assert not teller._unrecorded
+        # Another partition's acknowledgements do not hold a rebalance up.
+        teller._unrecorded.add(Subject("t", 8, 113))
+        store.away = True
+        await asyncio.wait_for(
+            teller.record_before_revoke([TopicPartition("t", 7)], wait_s=10.0, retry_s=0.2), 1
+        )
+    finally:
+        store.away = False
         await _close(teller)
         await runner.cleanup()
