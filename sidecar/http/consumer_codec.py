@@ -107,7 +107,7 @@ from enum import StrEnum
 from typing import Final, NoReturn, Protocol, TypeAlias, TypedDict, TypeVar
 from urllib.parse import quote, urlsplit
 
-from sidecar.core import names
+from sidecar.core import consume, names
 from sidecar.core.errors import (
     BadRequest,
     InvalidConsumerConfig,
@@ -298,22 +298,9 @@ class RecordsQuery:
     max_bytes: int
 
 
-class RecordToDeliver(Protocol):
-    """What the records response needs of a record (the service's own record type has
-    it, so a response is encoded without a copy of every record)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
+RecordToDeliver: TypeAlias = consume.ConsumedRecord
+"""What the records response needs of a record: the core's record shape (the service's
+own record type has it, so a response is encoded without a copy of every record)."""
 
 
 @dataclass(frozen=True, slots=True)

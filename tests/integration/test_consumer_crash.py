@@ -1,17 +1,6 @@
 """The guarantee when a consumer is killed while its keys are being revoked.
 
-Sidecars are separate ``sidecar serve`` processes, as in production. Each test runs
-produce load (per-producer keyed sequences, ``tests.support.ledger``) and a consumer
-group reading through the gate, causes one failure, and then checks:
-
-* the per-key order checker: every (producer, key) delivered in order, nothing
-  acknowledged lost, duplicates only after a crash the test caused;
-* ``check_no_record_crossed_a_barrier`` over everything in the topic;
-* no sidecar stays held: one more produce through each surviving sidecar goes through
-  promptly.
-
-The broker and ZooKeeper tests stop servers of the cluster this run started, so they
-skip only against an external cluster (``cluster.servers is None``).
+What every such test checks, and how: ``tests/support/failure_load.py``.
 """
 
 from __future__ import annotations

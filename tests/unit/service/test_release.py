@@ -18,67 +18,14 @@ from sidecar.service.notices import AssignmentNotices
 from sidecar.service.partitions import PartitionBuffers
 from sidecar.service.release import Release
 from sidecar.service.waits import GateWaits
-
-
-class _Store:
-    """The group's keys_revoked acknowledgements and gate waits, as ZooKeeper holds them."""
-
-    def __init__(self) -> None:
-        self.acknowledged: list[tuple[str, str, int, int]] = []
-        self.waiting: list[tuple[str, str, int, int, str]] = []
-
-    async def acknowledge_revocation(
-        self, group: str, topic: str, partition: int, generation: int
-    ) -> None:
-        self.acknowledged.append((group, topic, partition, generation))
-
-    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
-        return {(p, g) for (gr, t, p, g) in self.acknowledged if (gr, t) == (group, topic)}
-
-    async def register_group(self, group: str) -> None:
-        pass
-
-    async def waits(self, group: str, topic: str) -> dict[int, int]:
-        found: dict[int, int] = {}
-        for g, t, source, boundary, _ in self.waiting:
-            if (g, t) == (group, topic):
-                found[source] = max(boundary, found.get(source, 0))
-        return found
-
-    async def add_wait(
-        self, group: str, topic: str, source: int, boundary: int, instance: str
-    ) -> None:
-        self.waiting.append((group, topic, source, boundary, instance))
-
-    async def remove_wait(
-        self, group: str, topic: str, source: int, boundary: int, instance: str
-    ) -> None:
-        self.waiting.remove((group, topic, source, boundary, instance))
-
-
-class _Metrics:
-    def __init__(self) -> None:
-        self.counts: dict[TopicPartition, int] = {}
-        self.waiting = 0
-
-    def delivered(self, tp: TopicPartition, records: Any, managed: bool) -> None:
-        self.counts[tp] = self.counts.get(tp, 0) + len(records)
-
-    def gate_waiting(self, topic: str, group: str, delta: int) -> None:
-        self.waiting += delta
-
-    def gate_waited(self, topic: str, group: str, kind: object, seconds: float) -> None:
-        pass
-
-    def lag(self, group: str, tp: TopicPartition, records: int) -> None:
-        pass
+from tests.unit.service import fakes
 
 
 def _release(
     teller: HandoffTeller, context: Any, consumer: Any = None, *, assignment_events: bool = False
 ) -> Release:
     lock = asyncio.Lock()
-    metrics: Any = _Metrics()
+    metrics: Any = fakes.Metrics()
     return Release(
         "g",
         teller.instance_id,
@@ -124,7 +71,8 @@ class _Check:
 
 def _events_release() -> Release:
     """A release of an instance in events mode (no callback URL)."""
-    teller = HandoffTeller("g", "new-owner", _Store(), None)
+    store: Any = fakes.Store()
+    teller = HandoffTeller("g", "new-owner", store, None)
     unused: Any = SimpleNamespace()
     return _release(teller, unused)
 
