@@ -10,7 +10,7 @@ Here the change is held open on purpose: a participant is stopped with SIGSTOP, 
 barrier waits for its session to expire. A third sidecar starts meanwhile and is sent a
 record; it must answer only once the change committed, with the new generation. The
 race itself (a first produce routed before the barrier read on adoption is applied) is
-too narrow to hit on demand here; ``tests/unit/test_adopt_runtime.py`` pins it down.
+too narrow to hit on demand here; ``tests/unit/service/test_registry.py`` pins it down.
 """
 
 from __future__ import annotations
