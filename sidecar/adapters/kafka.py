@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from sidecar.core.errors import (
 )
 
 _log = logging.getLogger(__name__)
+_ALREADY_HAS = re.compile(r"already has (\d+) partition")
 
 Header = tuple[str, bytes | None]
 
@@ -396,7 +398,12 @@ class KafkaGateway:
         try:
             await self._require().admin.create_partitions(request)
         except InvalidPartitionsError as exc:
-            # Someone else may have grown it between our read and our request.
+            # Someone else grew it between our read and our request, or the metadata we
+            # read lags the controller (seen right after a creation). The controller's
+            # own count, in its message, is the authoritative one.
+            said = _ALREADY_HAS.search(str(exc))
+            if said is not None and int(said.group(1)) >= total_count:
+                return int(said.group(1))
             current = await self.partition_count(topic)
             if current >= total_count:
                 return current
