@@ -86,6 +86,24 @@ class ClusterState:
         tmp.replace(path)
 
 
+def wait_until(
+    ready: Callable[[], bool], timeout: float, message: str, log_tail: Callable[[], str]
+) -> None:
+    """Poll ``ready`` every 0.5 s (a failing probe counts as not ready) until it holds;
+    raises DevClusterError with ``message`` and the server's log tail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if ready():
+                return
+        except DevClusterError:
+            raise
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise DevClusterError(f"{message} within {timeout:.0f} s:\n{log_tail()}")
+
+
 class LocalCluster:
     """ZooKeeper plus ``broker_count`` combined broker/controller Kafka nodes on loopback."""
 
@@ -381,17 +399,7 @@ class LocalCluster:
     def _wait_until(
         self, ready: Callable[[], bool], timeout: float, log_name: str, message: str
     ) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if ready():
-                    return
-            except DevClusterError:
-                raise
-            except Exception:
-                pass
-            time.sleep(0.5)
-        raise DevClusterError(f"{message} within {timeout:.0f} s:\n{self.log_tail(log_name)}")
+        wait_until(ready, timeout, message, lambda: self.log_tail(log_name))
 
     def _node_dir(self, name: str) -> Path:
         return self.work_dir / name

@@ -30,6 +30,7 @@ from ordered_dev.devcluster.cluster import (
     kafka_properties,
     port_open,
     run_in_thread,
+    wait_until,
     zookeeper_config,
     zookeeper_serving,
 )
@@ -257,14 +258,4 @@ class DockerCluster:
     def _wait_until(
         self, ready: Callable[[], bool], timeout: float, log_name: str, message: str
     ) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if ready():
-                    return
-            except DevClusterError:
-                raise
-            except Exception:
-                pass
-            time.sleep(0.5)
-        raise DevClusterError(f"{message} within {timeout:.0f} s:\n{self.log_tail(log_name)}")
+        wait_until(ready, timeout, message, lambda: self.log_tail(log_name))
