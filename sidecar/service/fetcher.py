@@ -29,7 +29,7 @@ class Fetcher:
         self.buffer_limit = buffer_limit
         self.grace_s = grace_s
         """How much longer than its own timeout a poll waits for the consumer's fetch."""
-        self._fetching: asyncio.Future[Fetched] | None = None
+        self._fetching: asyncio.Future[tuple[int, Fetched]] | None = None
         """A getmany still waiting for a rebalance to end, taken up by the next poll."""
 
     async def fetch(self, consumer: GroupConsumer, wait_s: float) -> None:
@@ -50,17 +50,24 @@ class Fetcher:
         # longer than asked and leaves it running (not cancelled: aiokafka would lose
         # count of its fetches); a later poll takes its records.
         if self._fetching is None:
-            self._fetching = asyncio.ensure_future(consumer.getmany(timeout_ms=int(wait_s * 1000)))
+            self._fetching = asyncio.ensure_future(self._getmany(consumer, wait_s))
             self._fetching.add_done_callback(_retrieve_outcome)
         done, _ = await asyncio.wait({self._fetching}, timeout=wait_s + self.grace_s)
         if not done:
             return
         fetching, self._fetching = self._fetching, None
-        self.buffers.take(fetching.result())
+        fetched_in, batches = fetching.result()
+        self.buffers.take(batches, fetched_in=fetched_in)
         # The positions moved with the records just taken (and past the markers and
         # aborted records among and after them); nothing else moves them until the next
         # fetch, so they are read here, once.
         self.buffers.note_positions(assigned, consumer.fetch_position)
+
+    async def _getmany(self, consumer: GroupConsumer, wait_s: float) -> tuple[int, Fetched]:
+        batches = await consumer.getmany(timeout_ms=int(wait_s * 1000))
+        # Read in the same step as the fetch returns, before a rebalance listener or a
+        # seek can run: the batches belong to the partitions' states of this epoch.
+        return self.buffers.epoch, batches
 
     def cancel(self) -> None:
         if self._fetching is not None:

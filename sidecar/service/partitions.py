@@ -53,6 +53,9 @@ class PartitionState:
     """The consumer's position when the last fetch was taken into ``buffer``."""
     committed: int | None = None
     """What this instance last committed (or read as the group's committed offset)."""
+    since: int = 0
+    """``PartitionBuffers.epoch`` when this state began: a fetch that returned before
+    then read from a position the consumer has since left (see ``PartitionBuffers``)."""
 
     def skip_invisible(self) -> None:
         """Count the offsets the consumer skipped as delivered.
@@ -97,10 +100,21 @@ class PartitionState:
 
 
 class PartitionBuffers:
-    """The instance's partitions and their states, by partition."""
+    """The instance's partitions and their states, by partition.
+
+    ``epoch`` counts the times partitions were dropped or started afresh (a rebalance, a
+    seek). A fetch left running by one poll may return before such a change and be
+    taken by a later poll after it: its records were read from the position the old
+    assignment had reached, past what the group committed, while the consumer itself
+    starts the new assignment from the committed offset. Taken into the fresh state,
+    they would make its head skip everything between, and the refetch of those records
+    would be discarded as seen. So a batch is taken only into a state that began no
+    later than the fetch returned; the consumer fetches the rest again.
+    """
 
     def __init__(self) -> None:
         self._states: dict[TopicPartition, PartitionState] = {}
+        self.epoch = 0
 
     def __contains__(self, tp: object) -> bool:
         return tp in self._states
@@ -124,27 +138,34 @@ class PartitionBuffers:
         return {tp.topic for tp in self._states}
 
     def ensure(self, tp: TopicPartition) -> PartitionState:
-        return self._states.setdefault(tp, PartitionState())
+        state = self._states.get(tp)
+        if state is None:
+            state = self._states[tp] = PartitionState(since=self.epoch)
+        return state
 
     def reset(self, tp: TopicPartition, delivered: int | None = None) -> None:
         """Start ``tp`` afresh (a seek): an empty buffer, delivered up to ``delivered``."""
-        self._states[tp] = PartitionState(delivered=delivered)
+        self.epoch += 1
+        self._states[tp] = PartitionState(delivered=delivered, since=self.epoch)
 
     def replace_all(self, partitions: Iterable[TopicPartition]) -> None:
-        self._states = {tp: PartitionState() for tp in partitions}
+        self.epoch += 1
+        self._states = {tp: PartitionState(since=self.epoch) for tp in partitions}
 
     def clear(self) -> None:
+        self.epoch += 1
         self._states.clear()
 
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        self.epoch += 1
         for tp in partitions:
             self._states.pop(tp, None)
 
     def keep_only(self, assigned: set[TopicPartition]) -> list[TopicPartition]:
         """Drop the partitions no longer assigned; returns them."""
         gone = [tp for tp in self._states if tp not in assigned]
-        for tp in gone:
-            del self._states[tp]
+        if gone:
+            self.forget(gone)
         return gone
 
     def full(self, assigned: Iterable[TopicPartition], limit: int) -> list[TopicPartition]:
@@ -152,9 +173,19 @@ class PartitionBuffers:
         empty for those not seen yet)."""
         return [tp for tp in assigned if len(self.ensure(tp).buffer) >= limit]
 
-    def take(self, batches: Mapping[TopicPartition, Sequence[ConsumedRecord]]) -> None:
+    def take(
+        self, batches: Mapping[TopicPartition, Sequence[ConsumedRecord]], *, fetched_in: int
+    ) -> None:
+        """Buffer what a fetch returned while ``epoch`` was ``fetched_in``; batches for
+        partitions started afresh since are dropped (the consumer reads them again from
+        the position it was given then)."""
         for tp, records in batches.items():
-            self.ensure(tp).take(records)
+            state = self._states.get(tp)
+            if state is None and fetched_in == self.epoch:
+                state = self.ensure(tp)
+            if state is None or state.since > fetched_in:
+                continue
+            state.take(records)
 
     def note_positions(
         self, assigned: Iterable[TopicPartition], position: Callable[[TopicPartition], int | None]

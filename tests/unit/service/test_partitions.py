@@ -1,6 +1,6 @@
-"""A partition's delivered position across a rebalance that drops released records.
+"""A partition's buffer and delivered position across rebalances, seeks and refetches.
 
-Seen in a chaos run: an instance released records of a partition, found it no longer
+First seen in a chaos run: an instance released records of a partition, found it no longer
 assigned (lost in a rebalance without a revocation) and put them back for the new
 owner; the partition came back to the same instance, whose next fetch ran before the
 position was reset. The stale fetch position counted the dropped records as skipped
@@ -11,6 +11,7 @@ adapter; the instance and its components are real.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
@@ -43,6 +44,9 @@ class _Consumer:
         self.assigned: set[TopicPartition] = set()
         self.positions: dict[TopicPartition, _Position] = {}
         self.next_fetch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {}
+        self.fetch_returns = asyncio.Event()
+        """Cleared: a fetch waits (as aiokafka's does, for records or a rebalance)."""
+        self.fetch_returns.set()
 
     def assign(self, position: int | None) -> None:
         self.assigned = {TP}
@@ -56,6 +60,9 @@ class _Consumer:
             return None
         return self.positions[tp].position if self.positions[tp].has_valid_position else None
 
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp].position = offset
+
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         pass
 
@@ -63,10 +70,23 @@ class _Consumer:
         pass
 
     async def getmany(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
+        await self.fetch_returns.wait()
         fetched, self.next_fetch = self.next_fetch, {}
         for tp, records in fetched.items():
             self.positions[tp].position = records[-1].offset + 2  # a commit marker after
         return fetched
+
+
+def _instance(consumer: _Consumer) -> tuple[ConsumerInstance, Any]:
+    """A real instance over the fake consumer; returns it and the fake as the adapter."""
+    config = InstanceConfig(group="g", name="i", format="binary")
+    context: Any = SimpleNamespace(
+        settings=ConsumerSettings(), store=SimpleNamespace(), metrics=SimpleNamespace()
+    )
+    instance = ConsumerInstance(config, context, instance_key="s-i")
+    fake: Any = consumer
+    instance._consumer = fake
+    return instance, fake
 
 
 def _records(first: int, last: int) -> list[ConsumerRecord[bytes, bytes]]:
@@ -78,13 +98,7 @@ def _records(first: int, last: int) -> list[ConsumerRecord[bytes, bytes]]:
 
 async def test_records_dropped_for_a_lost_partition_are_fetched_again_when_it_returns() -> None:
     consumer = _Consumer()
-    config = InstanceConfig(group="g", name="i", format="binary")
-    context: Any = SimpleNamespace(
-        settings=ConsumerSettings(), store=SimpleNamespace(), metrics=SimpleNamespace()
-    )
-    instance = ConsumerInstance(config, context, instance_key="s-i")
-    fake: Any = consumer
-    instance._consumer = fake
+    instance, fake = _instance(consumer)
 
     consumer.assign(871)
     consumer.next_fetch = {TP: _records(871, 889)}
@@ -112,6 +126,83 @@ async def test_records_dropped_for_a_lost_partition_are_fetched_again_when_it_re
     assert [r.offset for r in instance.partitions[TP].buffer] == list(range(871, 890))
 
 
+async def test_a_fetch_that_returned_before_a_rebalance_is_not_taken_after_it() -> None:
+    """Seen in a chaos run: an instance held a gated run of records (the first of a new
+    generation) when a poll left a fetch running; the fetch returned the records after
+    that run, then a rebalance gave the partition back to the same instance. The next
+    poll took the old fetch into the fresh state, whose head became the first record
+    after the run; the consumer's refetch from the group's committed offset was then
+    discarded as seen, and the whole run (94 acknowledged records) was never delivered.
+    """
+    consumer = _Consumer()
+    instance, fake = _instance(consumer)
+
+    consumer.assign(2287)
+    consumer.next_fetch = {TP: _records(2287, 2379)}
+    await instance.fetcher.fetch(fake, 0.01)
+    assert instance.partitions[TP].buffer[0].offset == 2287  # the gated run
+
+    # A poll leaves a fetch running; it returns the records after the run.
+    consumer.fetch_returns.clear()
+    consumer.next_fetch = {TP: _records(2381, 2393)}
+    await instance.fetcher.fetch(fake, 0.01)
+    consumer.fetch_returns.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+    # A rebalance gives the partition back; the consumer restarts from the committed offset.
+    instance.revoked({TP})
+    await instance.partitions_assigned({TP})
+    consumer.assign(2287)
+    await instance.fetcher.fetch(fake, 0.01)
+    state = instance.partitions[TP]
+    assert list(state.buffer) == []
+    assert state.delivered == 2287
+
+    consumer.next_fetch = {TP: _records(2287, 2393)}
+    await instance.fetcher.fetch(fake, 0.01)
+    assert [r.offset for r in instance.partitions[TP].buffer] == list(range(2287, 2394))
+
+
+async def test_a_fetch_that_returned_before_a_seek_is_not_taken_after_it() -> None:
+    consumer = _Consumer()
+    instance, fake = _instance(consumer)
+    consumer.assign(60)
+
+    consumer.fetch_returns.clear()
+    consumer.next_fetch = {TP: _records(60, 69)}
+    await instance.fetcher.fetch(fake, 0.01)
+    consumer.fetch_returns.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+    await instance.seek({TP: 50})  # the app replays from 50
+    await instance.fetcher.fetch(fake, 0.01)
+    state = instance.partitions[TP]
+    assert list(state.buffer) == []
+    assert state.delivered == 50
+
+
+async def test_a_fetch_that_returns_after_a_rebalance_is_taken() -> None:
+    """The other order: the fetch waited for the rebalance (aiokafka's does) and read
+    from the new position; its records belong to the fresh state."""
+    consumer = _Consumer()
+    instance, fake = _instance(consumer)
+    consumer.assign(10)
+
+    consumer.fetch_returns.clear()
+    await instance.fetcher.fetch(fake, 0.01)
+    instance.revoked({TP})
+    await instance.partitions_assigned({TP})
+    consumer.assign(10)
+    consumer.next_fetch = {TP: _records(10, 19)}
+    consumer.fetch_returns.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    await instance.fetcher.fetch(fake, 0.01)
+    assert [r.offset for r in instance.partitions[TP].buffer] == list(range(10, 20))
+
+
 def test_a_refetch_keeps_only_records_past_what_was_buffered_or_delivered() -> None:
     state = PartitionState(delivered=3)
     state.take(_records(0, 5))
@@ -137,7 +228,7 @@ def test_skipped_offsets_below_the_head_or_the_fetch_position_count_as_delivered
 def test_buffers_follow_the_assignment_and_report_full_partitions() -> None:
     buffers = PartitionBuffers()
     other = TopicPartition("t", 5)
-    buffers.take({TP: _records(0, 2), other: _records(0, 0)})
+    buffers.take({TP: _records(0, 2), other: _records(0, 0)}, fetched_in=buffers.epoch)
     assert buffers.full([TP, other], 3) == [TP]
     assert buffers.keep_only({TP}) == [other]
     assert list(buffers) == [TP]
