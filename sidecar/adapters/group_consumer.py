@@ -187,17 +187,25 @@ class GroupConsumer:
         aborted record its fetches returned), or None while it is unknown or ``tp`` is
         not assigned. ``AIOKafkaConsumer.position`` waits while a position is being
         reset; the release path must not, so this reads the same state without waiting."""
+        state = self._assigned_state(tp)
+        return int(state.position) if state is not None and state.has_valid_position else None
+
+    def _assigned_state(self, tp: TopicPartition) -> Any:
+        """aiokafka's state of an assigned partition (positions, high watermark), read
+        without its asserts and waits; None if ``tp`` is not assigned."""
         subscription = self._consumer._subscription.subscription
         assignment = None if subscription is None else subscription.assignment
         kafka_tp = KafkaTopicPartition(tp.topic, tp.partition)
         if assignment is None or kafka_tp not in assignment.tps:
             return None
-        state = assignment.state_value(kafka_tp)
-        return int(state.position) if state.has_valid_position else None
+        return assignment.state_value(kafka_tp)
 
     def highwater(self, tp: TopicPartition) -> int | None:
-        highwater = self._consumer.highwater(KafkaTopicPartition(tp.topic, tp.partition))
-        return None if highwater is None else int(highwater)
+        """The partition's high watermark as last fetched, or None while it is unknown or
+        ``tp`` is not assigned. ``AIOKafkaConsumer.highwater`` asserts the partition is
+        assigned, and a rebalance may end while a release is looking."""
+        state = self._assigned_state(tp)
+        return None if state is None or state.highwater is None else int(state.highwater)
 
     # Offsets and positions ----------------------------------------------------------------
 
