@@ -76,6 +76,13 @@ class PartitionCheck:
         self.open_generations: set[int] = set()
         """Generations whose gate this release found open (and announced): the offsets it
         judged by are read once per release, so later records of them pass alike."""
+        self.decided_until = -1
+        """Records below this offset need no gate or keys_revoked check in this release:
+        the last check found the gate open for their generation and the app told of
+        every revocation below it (see ``Release._decide_run``)."""
+        self.decided_generation = 0
+        """The generation of the records up to ``decided_until``, when that run ends
+        only where the log does (the current generation)."""
         self._waits: dict[int, tuple[Wait, ...]] = {}
         self._progress_by_topic = progress_by_topic
 
@@ -85,6 +92,38 @@ class PartitionCheck:
                 self.runtime.state.log, self.tp.partition, generation
             )
         return self._waits[generation]
+
+    def decided(self, record: ConsumedRecord) -> bool:
+        """True if ``record`` lies in the run the last check decided for: released
+        without asking again (one decision per run of records, not per record)."""
+        if record.offset >= self.decided_until:
+            return False
+        if self.decided_generation:
+            # A run of the current generation ends only where the log does; a record
+            # written under a generation this sidecar has not read yet must be judged.
+            written = header_value(record.headers, GENERATION_HEADER)
+            return written is None or int(written) <= self.decided_generation
+        return True
+
+    def decide_run(self, offset: int) -> None:
+        """The gate and keys_revoked checks passed for the record at ``offset``: every
+        later record of its generation passes them too, up to the next boundary where
+        keys moved away from this partition (``_revoked_before`` asks again there)."""
+        log = self.runtime.state.log
+        try:
+            _, end = log.generation_span(self.tp.partition, offset)
+        except ValueError:
+            return
+        next_revocation = min(
+            (r.boundary for r in self.revocations if r.boundary > offset), default=None
+        )
+        ends = [bound for bound in (end, next_revocation) if bound is not None]
+        if ends:
+            self.decided_until = min(ends)
+            self.decided_generation = 0 if end is not None else log.current.number
+        else:
+            self.decided_until = 1 << 63
+            self.decided_generation = log.current.number
 
     async def progress(self) -> GroupProgress:
         """The group's offsets for the topic, read at most once per release."""
@@ -169,6 +208,7 @@ class Release:
         max_bytes: int | None,
     ) -> PollResult:
         size = 0
+        released_from: set[TopicPartition] = set()
         progress_by_topic: dict[str, GroupProgress] = {}
         registry = self.context.registry
         for tp in sorted(self.buffers):
@@ -195,13 +235,14 @@ class Release:
                     state.buffer.popleft()
                     state.delivered = record.offset + 1
                     continue
-                if check is not None:
+                if check is not None and not check.decided(record):
                     if not await self._gate_allows(check, record, events):
                         break
                     if not await self._revoked_before(check, record.offset, events):
                         break
                     if tp in self._revoking:
                         break  # a rebalance started while the gate was consulted
+                    check.decide_run(record.offset)
                 record_size = len(record.key or b"") + len(record.value or b"")
                 if max_bytes is not None and released and size + record_size > max_bytes:
                     full = True
@@ -217,19 +258,24 @@ class Release:
                 await self._tell_due_revocations(check, state, events)
             # Counted once per partition and release: per record, the labelled metric
             # lookups cost as much as the rest of the release.
+            if len(released) > released_before:
+                released_from.add(tp)
             self.context.metrics.delivered(tp, released[released_before:], runtime is not None)
             if full:
                 break
             self._record_lag(tp, state)
-        return self._still_assigned(PollResult(released, events, notices))
+        return self._still_assigned(PollResult(released, events, notices), released_from)
 
-    def _still_assigned(self, result: PollResult) -> PollResult:
+    def _still_assigned(self, result: PollResult, released_from: set[TopicPartition]) -> PollResult:
         """Drop what was released from partitions that are no longer assigned (lost in a
         rebalance without a revocation): their new owner delivers them."""
         consumer = self._consumer()
         if consumer is None:
             return result
-        kept = self.buffers.keep_assigned(result.records, consumer.assignment())
+        assigned = consumer.assignment()
+        if released_from <= assigned:
+            return result  # the common case, decided per partition, not per record
+        kept = self.buffers.keep_assigned(result.records, assigned)
         return PollResult(kept, result.events, result.notices)
 
     def _record_lag(self, tp: TopicPartition, state: PartitionState) -> None:

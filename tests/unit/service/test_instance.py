@@ -7,6 +7,8 @@ import pytest
 
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict
+from sidecar.core.generations import Boundary
+from sidecar.core.placement import GENERATION_HEADER
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
 from tests.unit.service import fakes
 
@@ -151,6 +153,63 @@ async def test_a_commit_past_an_unacknowledged_revocation_is_refused() -> None:
     assert context.store.acknowledged == [("g", "t", 0, 1)]
     await instance.commit(None)
     assert context.consumer.commits == [{TP0: 2}]
+
+
+async def test_a_released_run_stops_at_a_revocation_until_the_app_is_told() -> None:
+    # The gate is decided once for a run of records, not per record: the run must still
+    # end at offset 5, where partition 0's keys moved away, until keys_revoked is
+    # acknowledged.
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5)))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 9)}
+    first = await instance.poll(0.05, None)
+    assert [r.offset for r in first.records] == [0, 1, 2, 3, 4]
+    told = await instance.poll(0.02, None)
+    assert told.records == []
+    assert [(e.kind.value, e.partition) for e in told.events] == [("keys_revoked", 0)]
+    await instance.acknowledge_events([told.events[0].event_id])
+    rest = await instance.poll(0.02, None)
+    assert [r.offset for r in rest.records] == [5, 6, 7, 8, 9]
+
+
+async def test_a_record_of_a_generation_not_read_yet_ends_the_released_run() -> None:
+    # Records 0-2 are of the current generation (1); record 3 was written under
+    # generation 2, which this sidecar has not read: it is not released until the
+    # sidecar has read it, though it lies where the log's current generation runs on.
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(0)))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    written_under = [b"1", b"1", b"1", b"2"]
+    context.consumer.next_fetch = {
+        TP0: [
+            fakes.Record("t", 0, offset, headers=[(GENERATION_HEADER, generation)])
+            for offset, generation in enumerate(written_under)
+        ]
+    }
+    result = await instance.poll(0.03, None)
+    assert [r.offset for r in result.records] == [0, 1, 2]
+    assert context.registry.refreshed >= 1
+    assert [r.offset for r in instance.partitions[TP0].buffer] == [3]
+
+
+async def test_a_released_run_ends_where_the_next_generation_begins() -> None:
+    # Generation 2 shrinks the topic back to one partition at partition 0's offset 8:
+    # records 8 and on wait for the group to drain partition 1, however the run that
+    # reached them was decided.
+    context = fakes.Context()
+    expanded = fakes.expanded_log(0)
+    shrunk = expanded.append(expanded.next_generation(1, [Boundary(8), Boundary(3)]))
+    context.registry = fakes.Registry(fakes.runtime("t", shrunk))
+    context.offsets.committed[("g", "t")] = {0: 0, 1: 0}
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 11)}
+    result = await instance.poll(0.03, None)
+    assert [r.offset for r in result.records] == list(range(8))
+    assert [r.offset for r in instance.partitions[TP0].buffer] == [8, 9, 10, 11]
 
 
 async def test_auto_commit_stops_below_an_unacknowledged_revocation() -> None:

@@ -110,7 +110,7 @@ async def test_records_dropped_for_a_lost_partition_are_fetched_again_when_it_re
     # Released, then the partition is found gone: the records go back for its next owner.
     released = [_delivered(state.buffer.popleft()) for _ in range(len(state.buffer))]
     consumer.assigned = set()
-    kept = instance.release._still_assigned(PollResult(released, []))
+    kept = instance.release._still_assigned(PollResult(released, []), {TP})
     assert kept.records == []
     assert state.delivered == 871
 
