@@ -10,7 +10,8 @@ label is the name only of a topic the sidecar knows exists (a managed topic, or 
 Kafka confirmed by serving a request for it), at most ``MAX_TOPIC_LABELS`` of them;
 any other topic named in a request counts under ``UNKNOWN_TOPIC`` (and known topics
 past the bound under ``OTHER_TOPIC``). So no request, however many topic names it
-invents, adds a series.
+invents, adds a series. Consumer groups are labelled likewise, at most
+``MAX_GROUP_LABELS`` of them (then ``OTHER_GROUP``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ name, or a request refused before the topic was looked up)."""
 OTHER_TOPIC: Final = "_other"
 """The topic label of known topics beyond ``MAX_TOPIC_LABELS``."""
 MAX_TOPIC_LABELS: Final = 1000
+OTHER_GROUP: Final = "_other"
+"""The group label of consumer groups beyond ``MAX_GROUP_LABELS``."""
+MAX_GROUP_LABELS: Final = 100
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -34,6 +38,7 @@ class SidecarMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self._topic_labels: set[str] = set()
+        self._group_labels: set[str] = set()
         r = self.registry
         self.produce_requests = Counter(
             "sidecar_produce_requests_total",
@@ -235,3 +240,15 @@ class SidecarMetrics:
             return OTHER_TOPIC
         self._topic_labels.add(topic)
         return topic
+
+    def group_label(self, group: str) -> str:
+        """The label to count a consumer group under: its name, for the first
+        ``MAX_GROUP_LABELS`` groups this sidecar served; ``OTHER_GROUP`` after that.
+        Group names are the apps' choice, and an app that makes a group per run must
+        not grow the exposition for ever."""
+        if group in self._group_labels:
+            return group
+        if len(self._group_labels) >= MAX_GROUP_LABELS:
+            return OTHER_GROUP
+        self._group_labels.add(group)
+        return group

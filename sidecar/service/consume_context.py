@@ -69,7 +69,8 @@ class GroupOffsets(Protocol):
 
 
 class ConsumerMetrics:
-    """The consume path's metrics, counted where the consume path knows them."""
+    """The consume path's metrics, counted where the consume path knows them. Topics
+    and groups are labelled through the registry's bounds (``SidecarMetrics``)."""
 
     def __init__(self, metrics: SidecarMetrics) -> None:
         self.metrics = metrics
@@ -78,17 +79,24 @@ class ConsumerMetrics:
         if not records:
             return
         metrics = self.metrics
-        metrics.delivered_records.labels(tp.topic, str(tp.partition)).inc(len(records))
+        topic = metrics.topic_label(tp.topic, exists=True)
+        metrics.delivered_records.labels(topic, str(tp.partition)).inc(len(records))
         if managed:
             without = sum(header_value(r.headers, SIDECAR_HEADER) is None for r in records)
             if without:
-                metrics.records_without_headers.labels(tp.topic).inc(without)
+                metrics.records_without_headers.labels(topic).inc(without)
 
     def gate_waiting(self, topic: str, group: str, delta: int) -> None:
-        self.metrics.gated_partitions.labels(topic, group).inc(delta)
+        metrics = self.metrics
+        metrics.gated_partitions.labels(
+            metrics.topic_label(topic, exists=True), metrics.group_label(group)
+        ).inc(delta)
 
     def gate_waited(self, topic: str, group: str, kind: ChangeKind, seconds: float) -> None:
-        self.metrics.gate_wait_seconds.labels(topic, group, kind.value).observe(seconds)
+        metrics = self.metrics
+        metrics.gate_wait_seconds.labels(
+            metrics.topic_label(topic, exists=True), metrics.group_label(group), kind.value
+        ).observe(seconds)
 
     def callback_done(self, message: CallbackMessage, seconds: float, ok: bool) -> None:
         kind = message.kind if isinstance(message, HandoffCallback) else message.notice.kind
@@ -97,11 +105,16 @@ class ConsumerMetrics:
             self.metrics.callback_failures.labels(kind.value).inc()
 
     def lag(self, group: str, tp: TopicPartition, records: int) -> None:
-        self.metrics.consumer_lag.labels(group, tp.topic, str(tp.partition)).set(records)
+        metrics = self.metrics
+        group_label, topic = metrics.group_label(group), metrics.topic_label(tp.topic, exists=True)
+        metrics.consumer_lag.labels(group_label, topic, str(tp.partition)).set(records)
 
     def committed(self, group: str, partitions: Sequence[TopicPartition]) -> None:
+        metrics = self.metrics
         for tp in partitions:
-            self.metrics.commits.labels(group, tp.topic).inc()
+            metrics.commits.labels(
+                metrics.group_label(group), metrics.topic_label(tp.topic, exists=True)
+            ).inc()
 
 
 StartConsumer = Callable[[GroupConsumerOptions], Awaitable[GroupConsumer]]

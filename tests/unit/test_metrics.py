@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from sidecar.metrics import MAX_TOPIC_LABELS, OTHER_TOPIC, UNKNOWN_TOPIC, SidecarMetrics
+from sidecar.metrics import (
+    MAX_GROUP_LABELS,
+    MAX_TOPIC_LABELS,
+    OTHER_GROUP,
+    OTHER_TOPIC,
+    UNKNOWN_TOPIC,
+    SidecarMetrics,
+)
 
 
 def test_a_topic_not_known_to_exist_is_counted_under_one_label() -> None:
@@ -46,3 +53,11 @@ def series(metrics: SidecarMetrics) -> set[str]:
     """The exposition's series: each sample line's name and labels, without its value."""
     text = generate_latest(metrics.registry).decode()
     return {line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")}
+
+
+def test_consumer_groups_past_the_bound_share_one_label() -> None:
+    metrics = SidecarMetrics()
+    labels = [metrics.group_label(f"run-{i}") for i in range(MAX_GROUP_LABELS + 30)]
+    assert len(set(labels)) == MAX_GROUP_LABELS + 1
+    assert labels[-1] == OTHER_GROUP
+    assert metrics.group_label("run-0") == "run-0"
