@@ -398,6 +398,31 @@ async def _took(sidecar: Sidecar, topic: str, change: Change) -> float:
     return change.ended - change.began
 
 
+async def _begin_change(
+    kind: str,
+    sidecar: Sidecar,
+    topic: str,
+    target: int,
+    via: str,
+    status: Status,
+    sidecars: list[Sidecar],
+) -> Change:
+    """A change about to be asked of ``sidecar``: where the topic stands, the metrics
+    before it, and the status line saying it runs."""
+    description = await sidecar.describe(topic)
+    change = Change(
+        kind,
+        int(description["undeleted_count"]),
+        target,
+        via,
+        began=time.monotonic(),
+        from_generation=int(description["generation"]),
+        metrics_before=await scrape_all(sidecars),
+    )
+    status.activity, status.change_running = f"{kind} {change.from_count}->{target}", True
+    return change
+
+
 async def _expand_with_cli(
     sidecar: Sidecar,
     outcome: Outcome,
@@ -407,17 +432,8 @@ async def _expand_with_cli(
     say: Callable[[str], None],
 ) -> Change:
     topic = outcome.topic
-    description = await sidecar.describe(topic)
-    change = Change(
-        "expand",
-        int(description["undeleted_count"]),
-        target,
-        f"the CLI on {sidecar.name}",
-        began=time.monotonic(),
-        from_generation=int(description["generation"]),
-        metrics_before=await scrape_all(sidecars),
-    )
-    status.activity, status.change_running = f"expand {change.from_count}->{target}", True
+    via = f"the CLI on {sidecar.name}"
+    change = await _begin_change("expand", sidecar, topic, target, via, status, sidecars)
     say(f"$ sidecar topics --url {sidecar.url} expand {topic} --to {target}")
     code = await run_printing(
         [*sidecar_command(), "topics", "--url", sidecar.url, "expand", topic, "--to", str(target)],
@@ -440,17 +456,8 @@ async def _shrink_with_api(
     say: Callable[[str], None],
 ) -> Change:
     topic = outcome.topic
-    description = await sidecar.describe(topic)
-    change = Change(
-        "shrink",
-        int(description["undeleted_count"]),
-        target,
-        f"the admin API of {sidecar.name}",
-        began=time.monotonic(),
-        from_generation=int(description["generation"]),
-        metrics_before=await scrape_all(sidecars),
-    )
-    status.activity, status.change_running = f"shrink {change.from_count}->{target}", True
+    via = f"the admin API of {sidecar.name}"
+    change = await _begin_change("shrink", sidecar, topic, target, via, status, sidecars)
     path = f"/admin/topics/{topic}/partition-count"
     say(
         f"$ curl -XPOST {sidecar.url}{path} -H 'Authorization: Bearer <token>' "
