@@ -53,6 +53,9 @@ class KafkaSettings:
     """Kafka aborts a transaction of this sidecar left open longer (a paused process)."""
     reset_backoff_s: float = 0.5
     """Pause between tries of re-initialising the transactional producer."""
+    retry_backoff_s: float = 0.1
+    """Pause between tries of a retriable metadata or admin request, and between looks
+    at the metadata while waiting for a topic or its new partitions to show."""
     client: Mapping[str, str | int | bool] = field(default_factory=dict)
     """Extra aiokafka client settings (security_protocol, sasl_*, ssl...), passed through."""
 
@@ -383,7 +386,7 @@ _POSITIVE = {
         "housekeeping_interval_s",
     ),
     "zookeeper": ("lock_poll_s", "transaction_attempts", "topic_list_interval_s"),
-    "kafka": ("reset_backoff_s",),
+    "kafka": ("reset_backoff_s", "retry_backoff_s"),
     "http": ("shutdown_grace_s",),
     "produce": ("writer_retry_s",),
     "audit": ("batch_size", "partitions"),

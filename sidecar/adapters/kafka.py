@@ -87,7 +87,6 @@ _SSL_KEYS = {
     "ssl_keyfile": "keyfile",
     "ssl_password": "password",
 }
-_RETRY_BACKOFF_S = 0.1
 FENCED_ERRORS = (KafkaProducerFenced, TransactionalIdAuthorizationFailed)
 """After these a transactional id belongs to another producer (or to none): never retried."""
 _UNKNOWN_TOPIC_ERRNO = UnknownTopicOrPartitionError.errno
@@ -254,7 +253,13 @@ class KafkaGateway:
 
         Raises KafkaUnavailable on timeout.
         """
-        await await_partition_count(self._require().producer.client, topic, count, timeout)
+        await await_partition_count(
+            self._require().producer.client,
+            topic,
+            count,
+            timeout,
+            backoff_s=self._settings.retry_backoff_s,
+        )
 
     async def _await_partition(self, topic: str, partition: int) -> None:
         client = self._require().producer.client
@@ -369,7 +374,7 @@ class KafkaGateway:
         while not await self._known_by_every_broker(topic):
             if time.monotonic() > deadline:
                 raise KafkaUnavailable(f"topic {topic} was created but metadata does not show it")
-            await asyncio.sleep(_RETRY_BACKOFF_S)
+            await asyncio.sleep(self._settings.retry_backoff_s)
 
     async def _known_by_every_broker(self, topic: str) -> bool:
         client = self._require().producer.client
@@ -603,9 +608,9 @@ class KafkaGateway:
             except KafkaError as exc:
                 if not (exc.retriable or isinstance(exc, KafkaTimeoutError)):
                     raise _translated(exc, what) from exc
-                if time.monotonic() + _RETRY_BACKOFF_S > deadline:
+                if time.monotonic() + self._settings.retry_backoff_s > deadline:
                     raise KafkaUnavailable(f"{what}: {exc}") from exc
-            await asyncio.sleep(_RETRY_BACKOFF_S)
+            await asyncio.sleep(self._settings.retry_backoff_s)
 
 
 def client_settings(settings: KafkaSettings) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -688,6 +693,8 @@ async def await_partition_count(
     topic: str,
     count: int,
     timeout: float,  # noqa: ASYNC109
+    *,
+    backoff_s: float,
 ) -> None:
     """Wait until an aiokafka client's metadata shows at least ``count`` partitions of
     ``topic`` (a client knows of a new partition only at its next metadata refresh).
@@ -700,21 +707,21 @@ async def await_partition_count(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise KafkaUnavailable(f"the metadata does not show {count} partitions of {topic}")
-        await _refresh(client, remaining)
+        await _refresh(client, remaining, backoff_s)
 
 
 def _partitions(topic: str, count: int) -> list[Any]:
     return [TopicPartition(topic, partition) for partition in range(count)]
 
 
-async def _refresh(client: Any, within: float) -> None:
+async def _refresh(client: Any, within: float, backoff_s: float) -> None:
     # force_metadata_update returns a shielded future: giving up does not cancel the
     # update, which other waiters may share.
     try:
         await asyncio.wait_for(client.force_metadata_update(), within)
     except TimeoutError:
         return
-    await asyncio.sleep(_RETRY_BACKOFF_S)
+    await asyncio.sleep(backoff_s)
 
 
 def _discard_outcome(delivery: asyncio.Future[Any]) -> None:

@@ -212,7 +212,13 @@ class TransactionalWriter:
         missing: dict[str, str] = {}
         for topic, count in needed.items():
             try:
-                await await_partition_count(self._producer.client, topic, count, self._timeout_s)
+                await await_partition_count(
+                    self._producer.client,
+                    topic,
+                    count,
+                    self._timeout_s,
+                    backoff_s=self._settings.retry_backoff_s,
+                )
             except KafkaUnavailable as exc:
                 missing[topic] = exc.message
         for request in group:
