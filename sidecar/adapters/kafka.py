@@ -96,6 +96,8 @@ _UNKNOWN_TOPIC_ERRNO = UnknownTopicOrPartitionError.errno
 class SentRecord:
     partition: int
     offset: int
+    timestamp_ms: int | None = None
+    """CreateTime or LogAppendTime, as the producer reports it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,8 @@ class OutgoingKafkaRecord:
     value: bytes | None
     """None is a tombstone."""
     headers: Sequence[Header]
+    timestamp_ms: int | None = None
+    """None: the producer stamps the record when it is queued."""
 
 
 class SendFailed(Exception):
@@ -297,8 +301,7 @@ class KafkaGateway:
             )
         exc = delivery.exception()
         if exc is None:
-            metadata = delivery.result()
-            return SentRecord(int(metadata.partition), int(metadata.offset))
+            return sent_record(delivery.result())
         # What reaches the future (aiokafka 0.14 producer/sender.py,
         # SendProduceReqHandler.handle_response and _can_retry): with idempotence a
         # batch is retried while its error is `retriable`, so a BrokerResponseError
@@ -652,6 +655,7 @@ async def enqueue(
             key=record.key,
             partition=record.partition,
             headers=list(record.headers),
+            timestamp_ms=record.timestamp_ms,
         )
     except FENCED_ERRORS:
         raise
@@ -659,6 +663,16 @@ async def enqueue(
         # send() raises before the record is queued (too large for max_request_size,
         # buffer full, producer closed).
         return SendFailed(str(exc), maybe_appended=False)
+
+
+def sent_record(metadata: Any) -> SentRecord:
+    """An aiokafka ``RecordMetadata`` as a SentRecord."""
+    timestamp = metadata.timestamp
+    return SentRecord(
+        int(metadata.partition),
+        int(metadata.offset),
+        None if timestamp is None or timestamp < 0 else int(timestamp),
+    )
 
 
 async def start_transactional_producer(settings: KafkaSettings, transactional_id: str) -> Any:

@@ -50,6 +50,7 @@ from sidecar.adapters.kafka import (
     SentRecord,
     await_partition_count,
     enqueue,
+    sent_record,
     start_transactional_producer,
 )
 from sidecar.config import KafkaSettings
@@ -360,5 +361,4 @@ def _outcome(delivery: Any) -> Outcome:
     exc = delivery.exception()
     if exc is not None:
         return SendFailed(str(exc), maybe_appended=True)
-    metadata = delivery.result()
-    return SentRecord(int(metadata.partition), int(metadata.offset))
+    return sent_record(delivery.result())

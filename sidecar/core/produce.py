@@ -28,6 +28,8 @@ class OutgoingRecord:
     value: bytes | None
     partition: int | None
     headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_ms: int | None = None
+    """The record's timestamp (v3 requests); None: the producer stamps it when sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,8 @@ class RecordWritten:
 
     partition: int
     offset: int
+    timestamp_ms: int | None = None
+    """The record's timestamp as Kafka reports it (None: not reported)."""
 
 
 @dataclass(frozen=True, slots=True)

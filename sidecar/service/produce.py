@@ -196,7 +196,9 @@ class ProduceService:
                     next(self._sequence),
                 ),
             ]
-            outgoing.append(OutgoingKafkaRecord(target, record.key, record.value, headers))
+            outgoing.append(
+                OutgoingKafkaRecord(target, record.key, record.value, headers, record.timestamp_ms)
+            )
             owners.append(index)
         if outgoing:
             runtime.participant = runtime.participant.send_started(len(outgoing))
@@ -344,7 +346,11 @@ class ProduceService:
                     UnknownPartition(f"partition {target} does not exist")
                 )
                 continue
-            outgoing.append(OutgoingKafkaRecord(target, record.key, record.value, record.headers))
+            outgoing.append(
+                OutgoingKafkaRecord(
+                    target, record.key, record.value, record.headers, record.timestamp_ms
+                )
+            )
             owners.append(index)
         for owner, outcome in zip(
             owners, await self.kafka.send_batch(topic, outgoing), strict=True
@@ -357,7 +363,7 @@ class ProduceService:
 
 def _result(outcome: SentRecord | SendFailed) -> ProduceResult:
     if isinstance(outcome, SentRecord):
-        return RecordWritten(outcome.partition, outcome.offset)
+        return RecordWritten(outcome.partition, outcome.offset, outcome.timestamp_ms)
     error = KafkaUnavailable if outcome.retriable else KafkaFailure
     return RecordFailed.from_error(error(str(outcome)))
 
