@@ -90,6 +90,8 @@ _SSL_KEYS = {
 FENCED_ERRORS = (KafkaProducerFenced, TransactionalIdAuthorizationFailed)
 """After these a transactional id belongs to another producer (or to none): never retried."""
 _UNKNOWN_TOPIC_ERRNO = UnknownTopicOrPartitionError.errno
+FALLBACK_CLUSTER_ID = "kafka-cluster"
+"""The cluster id answered when Kafka reports none (brokers before 0.10.1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,7 @@ class KafkaGateway:
         self._timeout_s = settings.request_timeout_ms / 1000
         self._clients: _Clients | None = None
         self._stopped = False
+        self._cluster_id: str | None = None
 
     # Life cycle ---------------------------------------------------------------------------
 
@@ -511,6 +514,17 @@ class KafkaGateway:
         """Ids of the cluster's brokers, sorted. Raises KafkaUnavailable, KafkaFailure."""
         metadata = await self._metadata([], "listing brokers")
         return sorted(int(broker["node_id"]) for broker in metadata["brokers"])
+
+    async def cluster_id(self) -> str:
+        """The id Kafka's metadata reports for the cluster (``FALLBACK_CLUSTER_ID`` from a
+        broker too old to report one). Asked once, then remembered: it never changes.
+
+        Raises KafkaUnavailable, KafkaFailure.
+        """
+        if self._cluster_id is None:
+            metadata = await self._metadata([], "reading the cluster id")
+            self._cluster_id = metadata.get("cluster_id") or FALLBACK_CLUSTER_ID
+        return self._cluster_id
 
     async def _metadata(self, topics: list[str] | None, what: str) -> dict[str, Any]:
         """A Metadata answer (``topics`` None: every topic), never auto-creating one."""

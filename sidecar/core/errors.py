@@ -144,6 +144,14 @@ class UnknownConsumerInstance(SidecarError):
     default_message = "consumer instance not found"
 
 
+class UnknownCluster(SidecarError):
+    """A REST Proxy v3 path names a cluster other than the one the sidecar writes to."""
+
+    http_status = 404
+    error_code = 40404
+    default_message = "cluster not found"
+
+
 # 409 / 422: state conflicts and invalid changes ----------------------------------------
 
 

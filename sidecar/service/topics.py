@@ -58,6 +58,13 @@ class TopicDirectory:
         """The cluster's broker ids, sorted. Raises KafkaUnavailable, KafkaFailure."""
         return await self._sidecar.kafka.broker_ids()
 
+    async def cluster_id(self) -> str:
+        """The Kafka cluster's id (REST Proxy v3 names the cluster by it).
+
+        Raises KafkaUnavailable, KafkaFailure.
+        """
+        return await self._sidecar.kafka.cluster_id()
+
     async def topic(self, name: str) -> TopicView:
         """``name`` with its configs and partitions.
 
