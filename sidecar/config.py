@@ -122,6 +122,11 @@ class ProduceSettings:
     timeout, so a sidecar resumed after a pause past its session asks again."""
     writer_retry_s: float = 0.5
     """Pause between tries of replacing a fenced or lost transactional producer."""
+    stream_max_in_flight: int = 100
+    """Records of one REST v3 streaming request being written at once; the next record
+    is read from the request when the oldest has been answered."""
+    stream_idle_timeout_s: float = 300.0
+    """A REST v3 stream that sends no byte this long is ended (with a 408 entry)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +393,7 @@ _POSITIVE = {
     "zookeeper": ("lock_poll_s", "transaction_attempts", "topic_list_interval_s"),
     "kafka": ("reset_backoff_s", "retry_backoff_s"),
     "http": ("shutdown_grace_s",),
-    "produce": ("writer_retry_s",),
+    "produce": ("writer_retry_s", "stream_max_in_flight", "stream_idle_timeout_s"),
     "audit": ("batch_size", "partitions"),
 }
 

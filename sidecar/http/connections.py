@@ -21,6 +21,10 @@ A ``ConnectionGuard`` wraps aiohttp's request handler protocol: it counts connec
 refuses those over the limit and runs the head timer; ``GuardedSite`` listens with it;
 ``connection_middleware`` tells the guard when a request head has arrived and reads the
 body under its timeout. Open, refused and timed-out connections are counted in metrics.
+
+A chunked body sent to a handler marked ``streams_body`` (REST Proxy v3's streaming
+produce) has no end to wait for: the middleware leaves it to the handler, which reads
+it record by record and bounds how long it waits for the next bytes.
 """
 
 from __future__ import annotations
@@ -255,6 +259,10 @@ async def connection_middleware(request: web.Request, handler: Handler) -> web.S
         return await handler(request)
     guard.request_started(request)
     try:
+        if request.content_length is None and request.match_info.handler in _STREAMED_BODIES:
+            # A chunked body of a streaming route is read by its handler as it arrives,
+            # each record in turn; it has no end to wait for (the handler bounds idleness).
+            return await handler(request)
         try:
             # Read once here, cached by aiohttp: the handlers' own read() returns it.
             async with asyncio.timeout(guard.body_read_timeout_s):
@@ -271,6 +279,19 @@ async def connection_middleware(request: web.Request, handler: Handler) -> web.S
         return await handler(request)
     finally:
         guard.request_finished(request)
+
+
+_STREAMED_BODIES: set[Handler] = set()
+
+
+def streams_body(handler: Handler) -> Handler:
+    """Mark ``handler`` as reading a chunked request body itself, as it arrives.
+
+    ``connection_middleware`` then does not wait for the whole body first: the handler
+    must bound how long it waits for each part.
+    """
+    _STREAMED_BODIES.add(handler)
+    return handler
 
 
 def install(app: web.Application, guard: ConnectionGuard) -> None:

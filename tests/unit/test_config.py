@@ -99,6 +99,12 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
         ('sidecar_id = "a/b"\n', {}, "sidecar_id"),
         ('sidecar_id = "a~b"\n', {}, "'a~b' is not a sidecar id"),
         ('[kafka]\nclient_id = "my app"\n', {}, "kafka.client_id 'my app' cannot name"),
+        ("[produce]\nstream_max_in_flight = 0\n", {}, "produce.stream_max_in_flight must be"),
+        (
+            "",
+            {"ORDERED_SIDECAR__PRODUCE__STREAM_IDLE_TIMEOUT_S": "nan"},
+            "produce.stream_idle_timeout_s must be positive",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_named(
