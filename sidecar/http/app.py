@@ -4,6 +4,9 @@ Routes (the OpenAPI document at ``/openapi.json`` has the details):
 
 * ``POST /topics/{topic}``, ``POST /topics/{topic}/partitions/{partition}``: produce,
   Confluent REST Proxy v2 compatible.
+* ``POST /v3/clusters/{cluster_id}/topics/{topic_name}/records``: produce, Confluent
+  REST Proxy v3 compatible, one record or a stream of them; ``GET /v3/clusters``,
+  ``GET /v3/clusters/{cluster_id}`` (``v3_records``).
 * ``GET /topics``, ``GET /topics/{topic}``, ``.../partitions``, ``.../partitions/{p}``,
   ``GET /brokers``: REST Proxy v2 discovery, with the ordered extensions
   (``topic_routes``).
@@ -49,6 +52,7 @@ from sidecar.http.produce_codec import (
 )
 from sidecar.http.topic_routes import TOPICS_KEY
 from sidecar.http.topic_routes import add_routes as add_topic_routes
+from sidecar.http.v3_records import add_routes as add_v3_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import CreateTopic, TopicAdmin
 from sidecar.service.changes import ChangeRequest, ChangeRunner
@@ -98,6 +102,7 @@ def build_app(
     app.router.add_post("/topics/{topic}", produce)
     app.router.add_post("/topics/{topic}/partitions/{partition}", produce)
     add_topic_routes(app, TopicDirectory(sidecar))
+    add_v3_routes(app, produce_service, metrics)
     app.router.add_post("/admin/topics", admin_create)
     app.router.add_get("/admin/topics/{topic}", admin_describe)
     app.router.add_post("/admin/topics/{topic}/adopt", admin_adopt)

@@ -214,13 +214,13 @@ def decode_produce_request(
         records=records,
         expected_generation=_agreed(
             _body_int(document, "expected_generation", 0, MAX_GENERATION),
-            _header_int(headers, EXPECTED_GENERATION_HEADER, 0, MAX_GENERATION),
+            header_int(headers, EXPECTED_GENERATION_HEADER, 0, MAX_GENERATION),
             "expected_generation",
             EXPECTED_GENERATION_HEADER,
         ),
         expected_count=_agreed(
             _body_int(document, "expected_partition_count", 1, MAX_PARTITION),
-            _header_int(headers, EXPECTED_COUNT_HEADER, 1, MAX_PARTITION),
+            header_int(headers, EXPECTED_COUNT_HEADER, 1, MAX_PARTITION),
             "expected_partition_count",
             EXPECTED_COUNT_HEADER,
         ),
@@ -255,7 +255,7 @@ def _decode_record(index: int, raw: object, fmt: EmbeddedFormat) -> OutgoingReco
         key=_decode_payload(raw.get("key"), fmt, f"{where}.key"),
         value=_decode_payload(raw["value"], fmt, f"{where}.value"),
         partition=_decode_partition(raw.get("partition"), f"{where}.partition"),
-        headers=_decode_headers(raw.get("headers"), f"{where}.headers"),
+        headers=decode_headers(raw.get("headers"), f"{where}.headers"),
     )
 
 
@@ -263,7 +263,7 @@ def _decode_payload(raw: object, fmt: EmbeddedFormat, where: str) -> bytes | Non
     if raw is None:
         return None
     if fmt is EmbeddedFormat.BINARY:
-        return _decode_base64(raw, where)
+        return decode_base64(raw, where)
     try:
         return json.dumps(raw, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
@@ -271,7 +271,7 @@ def _decode_payload(raw: object, fmt: EmbeddedFormat, where: str) -> bytes | Non
         raise InvalidRecord(f"{where} contains a lone UTF-16 surrogate") from None
 
 
-def _decode_base64(raw: object, where: str) -> bytes:
+def decode_base64(raw: object, where: str) -> bytes:
     if not isinstance(raw, str):
         raise InvalidRecord(f"{where} must be a base64 string or null, got {json_type(raw)}")
     try:
@@ -289,7 +289,7 @@ def _decode_partition(raw: object, where: str) -> int | None:
     return raw
 
 
-def _decode_headers(raw: object, where: str) -> tuple[tuple[str, bytes | None], ...]:
+def decode_headers(raw: object, where: str) -> tuple[tuple[str, bytes | None], ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -317,7 +317,7 @@ def _decode_header(raw: object, where: str) -> tuple[str, bytes | None]:
     if "value" not in raw:
         raise InvalidRecord(f"{where}.value is missing; send null for a header without value")
     value = raw["value"]
-    return name, None if value is None else _decode_base64(value, f"{where}.value")
+    return name, None if value is None else decode_base64(value, f"{where}.value")
 
 
 # Extensions ------------------------------------------------------------------------------
@@ -332,7 +332,7 @@ def _body_int(document: Mapping[str, object], field: str, low: int, high: int) -
     return raw
 
 
-def _header_int(headers: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+def header_int(headers: Mapping[str, str], name: str, low: int, high: int) -> int | None:
     raw = _single_header(headers, name)
     if raw is None:
         return None

@@ -18,6 +18,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
@@ -81,9 +82,19 @@ class ProduceService:
         self._tombstones_sent: OrderedDict[tuple[bytes, str, int, int], None] = OrderedDict()
 
     async def produce(
-        self, topic: str, request: ProduceRequest, partition: int | None = None
+        self,
+        topic: str,
+        request: ProduceRequest,
+        partition: int | None = None,
+        *,
+        on_sent: Callable[[], None] | None = None,
     ) -> ProduceOutcome:
         """Write ``request``'s records (to ``partition`` if the URL names one).
+
+        ``on_sent`` is called (synchronously; it must only schedule) once a managed
+        topic's records are placed and queued for the writer, in order, before they are
+        acknowledged: a caller that keeps several requests' records in one order may
+        send the next then (a REST Proxy v3 stream). Unmanaged topics never call it.
 
         Raises SidecarError for what fails the whole request (fenced, held too long,
         unknown topic); a record that fails alone gets a RecordFailed entry.
@@ -95,7 +106,7 @@ class ProduceService:
             return await self._produce_unmanaged(topic, request, partition)
         await self._wait_until_admitted(runtime)
         await self._check_expected(runtime, request)
-        return await self._produce_managed(runtime, request, partition)
+        return await self._produce_managed(runtime, request, partition, on_sent)
 
     async def _wait_until_admitted(self, runtime: TopicRuntime) -> None:
         if runtime.participant.admission() is Admission.ROUTE:
@@ -158,7 +169,11 @@ class ProduceService:
             )
 
     async def _produce_managed(
-        self, runtime: TopicRuntime, request: ProduceRequest, partition: int | None
+        self,
+        runtime: TopicRuntime,
+        request: ProduceRequest,
+        partition: int | None,
+        on_sent: Callable[[], None] | None = None,
     ) -> ProduceOutcome:
         # Everything from here to the sends is synchronous: the participant that
         # admitted the request is the one that counts its sends in flight.
@@ -202,6 +217,10 @@ class ProduceService:
             owners.append(index)
         if outgoing:
             runtime.participant = runtime.participant.send_started(len(outgoing))
+        if on_sent is not None:
+            # What it schedules runs after _write has queued these records: nothing
+            # between here and the writer's queue suspends.
+            on_sent()
         written = await self._write(runtime.name, outgoing)
         sent = written.outcomes
         self._settle_batch(runtime, outgoing, written)

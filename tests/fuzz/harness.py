@@ -67,6 +67,8 @@ class FuzzTarget:
     groups: tuple[str, ...]
     instances: tuple[str, ...]
     callback_url: str
+    cluster_id: str = ""
+    """The Kafka cluster's id (REST Proxy v3 paths name it); empty: not known."""
 
 
 @dataclass
@@ -103,7 +105,7 @@ class FuzzResult:
         )
 
 
-def new_target(url: str, admin_token: str, callback_url: str) -> FuzzTarget:
+def new_target(url: str, admin_token: str, callback_url: str, cluster_id: str = "") -> FuzzTarget:
     prefix = f"fz-{uuid.uuid4().hex[:6]}-"
     return FuzzTarget(
         url=url,
@@ -113,6 +115,7 @@ def new_target(url: str, admin_token: str, callback_url: str) -> FuzzTarget:
         groups=(f"{prefix}g1", f"{prefix}g2"),
         instances=(f"{prefix}c1", f"{prefix}c2", f"{prefix}c3"),
         callback_url=callback_url,
+        cluster_id=cluster_id,
     )
 
 
@@ -190,6 +193,7 @@ def _config(target: FuzzTarget) -> str:
 
     bindings = {
         "path.topic": "topics",
+        "path.topic_name": "topics",
         "path.group": "groups",
         "path.name": "instances",
         "body.name": "instances",
@@ -205,11 +209,15 @@ def _config(target: FuzzTarget) -> str:
         f"values = {values(target.groups)}",
         "[dictionaries.instances]",
         f"values = {values(target.instances)}",
+        "[dictionaries.clusters]",
+        f"values = {values([target.cluster_id] if target.cluster_id else ['unknown'])}",
         "[parameters]",
         *(
             f'"{key}" = {{ dictionary = "{name}", probability = 0.7 }}'
             for key, name in bindings.items()
         ),
+        # REST Proxy v3 paths: mostly the real cluster, so records reach the produce path.
+        '"path.cluster_id" = { dictionary = "clusters", probability = 0.8 }',
         # Response times are not judged: on a shared two-core machine they say more about
         # the neighbours than about the sidecar (schemathesis would fail a 10 s answer).
         "[checks]",

@@ -54,14 +54,14 @@ UNKNOWN_INSTANCE: Final = 40403
 _COUNT_FIELDS: Final = ("partitions", "count", "replication_factor")
 
 
-_WRITES: Final = frozenset(
-    {
-        ("POST", "/topics/{topic}"),
-        ("POST", "/topics/{topic}/partitions/{partition}"),
-        ("POST", "/admin/topics/{topic}/adopt"),
-        ("POST", "/admin/topics/{topic}/partition-count"),
-    }
-)
+_WRITES: Final = {
+    ("POST", "/topics/{topic}"): "topic",
+    ("POST", "/topics/{topic}/partitions/{partition}"): "topic",
+    ("POST", "/admin/topics/{topic}/adopt"): "topic",
+    ("POST", "/admin/topics/{topic}/partition-count"): "topic",
+    ("POST", "/v3/clusters/{cluster_id}/topics/{topic_name}/records"): "topic_name",
+}
+"""Operations that write to the topic their path names, and that path parameter."""
 
 
 @schemathesis.hook
@@ -69,11 +69,12 @@ def before_call(
     context: schemathesis.HookContext, case: schemathesis.Case[Any], kwargs: Any
 ) -> None:
     prefix = os.environ.get("FUZZ_TOPIC_PREFIX", "fuzz-")
-    topic = case.path_parameters.get("topic")
-    if (case.method.upper(), case.path) in _WRITES and isinstance(topic, str):
+    parameter = _WRITES.get((case.method.upper(), case.path))
+    topic = None if parameter is None else case.path_parameters.get(parameter)
+    if parameter is not None and isinstance(topic, str):
         own = set(os.environ.get("FUZZ_OWN_TOPICS", "").split(","))
         if names.is_topic_name(topic) and topic not in own and not topic.startswith(prefix):
-            case.path_parameters["topic"] = (prefix + topic)[: names.MAX_TOPIC_NAME_LENGTH]
+            case.path_parameters[parameter] = (prefix + topic)[: names.MAX_TOPIC_NAME_LENGTH]
     if case.path == "/consumers/{group}" and isinstance(case.body, dict):
         url = case.body.get("callback_url")
         sink = os.environ.get("FUZZ_CALLBACK_URL")

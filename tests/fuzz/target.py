@@ -15,7 +15,10 @@ async def fuzz_target(cluster: ClusterEndpoints) -> AsyncIterator[FuzzTarget]:
     """One sidecar (admin API on), a sink for its callbacks and the run's topics; the
     topics are deleted afterwards."""
     async with callback_sink() as sink, running_sidecars(cluster, 1) as (sidecar,):
-        target = new_target(sidecar.url, ADMIN_TOKEN, sink)
+        async with sidecar.http.get("/v3/clusters") as response:
+            assert response.status == 200, await response.text()
+            cluster_id = (await response.json())["data"][0]["cluster_id"]
+        target = new_target(sidecar.url, ADMIN_TOKEN, sink, cluster_id)
         try:
             await prepare_topics(target, cluster.kafka_bootstrap, cluster.replication_factor)
             yield target

@@ -101,3 +101,15 @@ async def test_a_bad_name_in_the_path_is_refused_before_the_handler(
                 body = await response.json(content_type=None)
             assert (response.status, body["error_code"]) == (400, 40003), (path, body)
             assert f"{parameter} in the path" in body["message"]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+async def test_a_bad_topic_name_in_a_v3_path_is_refused_before_anything(
+    client: Client, bad: str
+) -> None:
+    # topic_name, not topic: checked by the v3 handler first, answered in v3's shape.
+    path = f"/v3/clusters/any/topics/{quote(bad, safe='')}/records"
+    async with client.post(path, data=b"{}", headers={"Content-Type": "application/json"}) as r:
+        body = await r.json(content_type=None)
+    assert (r.status, body["error_code"], body["v2_error_code"]) == (400, 400, 40003), body
+    assert "topic_name in the path" in body["message"]

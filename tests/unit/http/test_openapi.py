@@ -34,6 +34,8 @@ HTTP_METHODS: Final = frozenset(
 IGNORED_METHODS: Final = frozenset({"HEAD", "OPTIONS"})
 ERROR_MEDIA_TYPE: Final = "application/vnd.kafka.v2+json"
 ERROR_SCHEMA: Final = {"$ref": "#/components/schemas/Error"}
+V3_ERROR_MEDIA_TYPE: Final = "application/json"
+V3_ERROR_SCHEMA: Final = {"$ref": "#/components/schemas/V3Error"}
 
 Route = tuple[str, str]
 _Service = TypeVar("_Service")
@@ -169,14 +171,19 @@ def test_every_operation_has_a_summary_and_responses(document: dict[str, Any]) -
 
 def test_error_responses_have_the_error_body(document: dict[str, Any]) -> None:
     # Every HTTP error is {"error_code", "message"} as application/vnd.kafka.v2+json
-    # (sidecar.http.error_map); /readyz's 503 is a readiness answer and has no content.
+    # (sidecar.http.error_map), or as application/json under /v3/; /readyz's 503 is a
+    # readiness answer and has no content.
     for method, path, operation in operations(document):
         for code, response in operation["responses"].items():
             if code[0] not in "45" or "content" not in response:
                 continue
-            assert response["content"] == {ERROR_MEDIA_TYPE: {"schema": ERROR_SCHEMA}}, (
-                f"{method} {path} {code}"
+            # REST Proxy v3's routes answer errors in v3's shape (sidecar.http.v3_records).
+            expected = (
+                {V3_ERROR_MEDIA_TYPE: {"schema": V3_ERROR_SCHEMA}}
+                if path.startswith("/v3/")
+                else {ERROR_MEDIA_TYPE: {"schema": ERROR_SCHEMA}}
             )
+            assert response["content"] == expected, f"{method} {path} {code}"
 
 
 def test_path_parameters_match_the_path_templates(document: dict[str, Any]) -> None:
