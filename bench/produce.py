@@ -20,6 +20,12 @@ generator, the sidecar and three brokers share this machine's cores):
 * **direct transactional**: the sidecar's own ``TransactionalWriter`` in this process,
   with the same requests in flight as the sidecar gets over HTTP: what transactions cost
   a Kafka client, without HTTP;
+* **sidecar, REST Proxy v3, one record per request**: the managed topic again, each
+  request one v3 record (``POST /v3/clusters/{id}/topics/{t}/records``), as many
+  requests at once as the v2 path has records in flight, each on its own connection;
+* **sidecar, REST Proxy v3 streaming**: the managed topic over ``--connections``
+  chunked v3 requests kept open, each with ``--batch`` records sent and not yet
+  answered (the same records in flight as the v2 path);
 * optionally Kafka's own Java ``ProducerPerformance`` (same producer settings) as the
   ceiling of what the cluster takes from one client here.
 
@@ -172,6 +178,8 @@ class Workload:
     records: list[tuple[bytes, bytes]]
     batch_bodies: list[bytes]
     single_bodies: list[bytes]
+    v3_records: list[bytes]
+    """Each record as one REST Proxy v3 JSON object (BINARY key and value)."""
 
 
 def make_workload(size: int, batch: int, bodies: int = 64) -> Workload:
@@ -192,6 +200,15 @@ def make_workload(size: int, batch: int, bodies: int = 64) -> Workload:
         records=records,
         batch_bodies=[body(records[i : i + batch]) for i in range(0, len(records), batch)],
         single_bodies=[body([record]) for record in records[:bodies]],
+        v3_records=[
+            json.dumps(
+                {
+                    "key": {"type": "BINARY", "data": base64.b64encode(key).decode()},
+                    "value": {"type": "BINARY", "data": base64.b64encode(value).decode()},
+                }
+            ).encode()
+            for key, value in records
+        ],
     )
 
 
@@ -322,6 +339,8 @@ class Sidecar:
     pid: int
     process: asyncio.subprocess.Process
     http: aiohttp.ClientSession = field(repr=False)
+    cluster_id: str = ""
+    """Kafka's cluster id, as REST Proxy v3 paths name it."""
 
 
 @contextlib.asynccontextmanager
@@ -353,7 +372,9 @@ async def sidecar_process(
         url = line.rsplit(" ", 1)[1].strip()
         connector = aiohttp.TCPConnector(limit=connections)
         async with aiohttp.ClientSession(url, connector=connector) as http:
-            yield Sidecar(url, process.pid, process, http)
+            async with http.get("/v3/clusters") as response:
+                cluster_id = (await response.json())["data"][0]["cluster_id"]
+            yield Sidecar(url, process.pid, process, http, cluster_id)
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -420,6 +441,169 @@ async def sidecar_latency(
         _count(status, answer, 1, tally)
     if tally.failed:
         raise RuntimeError(f"{tally.failed} single-record produces failed: {tally.first_error}")
+    return samples
+
+
+# The sidecar over REST Proxy v3 ------------------------------------------------------------
+
+
+def _v3_path(sidecar: Sidecar, topic: str) -> str:
+    return f"/v3/clusters/{sidecar.cluster_id}/topics/{topic}/records"
+
+
+def _count_v3(answer: dict[str, Any], tally: Tally) -> None:
+    if answer.get("error_code") == 200:
+        tally.acked += 1
+    else:
+        tally.fail(1, str(answer))
+
+
+async def v3_single_throughput(
+    sidecar: Sidecar, topic: str, workload: Workload, seconds: float, in_flight: int
+) -> ThroughputRun:
+    """``in_flight`` workers, each on its own connection, posting one v3 record per request
+    back to back for ``seconds``."""
+    tally = Tally()
+    path = _v3_path(sidecar, topic)
+    headers = {"Content-Type": "application/json"}
+    records = workload.v3_records
+    connector = aiohttp.TCPConnector(limit=in_flight)
+    async with aiohttp.ClientSession(sidecar.url, connector=connector) as http:
+
+        async def post(index: int) -> None:
+            async with http.post(path, data=records[index % len(records)], headers=headers) as r:
+                _count_v3(json.loads(await r.read()), tally)
+
+        return await _requests_in_flight(post, tally, seconds, in_flight)
+
+
+class _V3Stream:
+    """One open v3 streaming request: ``send`` queues a record, answers come in order."""
+
+    def __init__(self, sidecar: Sidecar, topic: str) -> None:
+        self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def body() -> AsyncIterator[bytes]:
+            while True:
+                first = await self._outgoing.get()
+                if first is None:
+                    return
+                chunk = [first]
+                # What queued meanwhile goes in the same chunk: one write, not one each.
+                while not self._outgoing.empty():
+                    more = self._outgoing.get_nowait()
+                    if more is None:
+                        yield b"".join(chunk)
+                        return
+                    chunk.append(more)
+                yield b"".join(chunk)
+
+        self._posting = asyncio.ensure_future(
+            sidecar.http.post(
+                _v3_path(sidecar, topic),
+                data=body(),
+                headers={"Content-Type": "application/json"},
+                chunked=True,
+            )
+        )
+        self._response: aiohttp.ClientResponse | None = None
+
+    def send(self, record: bytes) -> None:
+        self._outgoing.put_nowait(record)
+
+    async def answer(self) -> dict[str, Any]:
+        if self._response is None:
+            # The head goes out with the first chunk: await it once something was sent.
+            self._response = await self._posting
+        line = await self._response.content.readline()
+        if not line:
+            raise RuntimeError("the v3 stream ended early")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    async def close(self) -> None:
+        self._outgoing.put_nowait(None)
+        response = self._response or await self._posting
+        await response.read()
+        response.release()
+
+
+async def v3_stream_throughput(
+    sidecar: Sidecar, topic: str, workload: Workload, seconds: float, streams: int, window: int
+) -> ThroughputRun:
+    """``streams`` open v3 streams, each keeping ``window`` records sent and unanswered,
+    for ``seconds``; then every answer is read."""
+    tally = Tally()
+    records = workload.v3_records
+    began = time.perf_counter()
+    deadline = began + seconds
+
+    async def one_stream(first: int) -> None:
+        stream = _V3Stream(sidecar, topic)
+        slots = asyncio.Semaphore(window)
+        unanswered: asyncio.Queue[bool] = asyncio.Queue()  # True per record sent, then False
+
+        async def read_answers() -> None:
+            while await unanswered.get():
+                _count_v3(await stream.answer(), tally)
+                slots.release()
+
+        reader = asyncio.ensure_future(read_answers())
+        index = first
+        while time.perf_counter() < deadline:
+            await slots.acquire()
+            stream.send(records[index % len(records)])
+            unanswered.put_nowait(True)
+            index += streams
+        unanswered.put_nowait(False)
+        await reader
+        await stream.close()
+
+    await asyncio.gather(*(one_stream(k) for k in range(streams)))
+    elapsed = time.perf_counter() - began
+    return ThroughputRun(tally.acked, tally.failed, elapsed, tally.first_error)
+
+
+async def v3_single_latency(
+    sidecar: Sidecar, topic: str, workload: Workload, seconds: float, max_samples: int
+) -> list[float]:
+    """Seconds per v3 request of one record, one request at a time."""
+    samples: list[float] = []
+    tally = Tally()
+    path = _v3_path(sidecar, topic)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline and len(samples) < max_samples:
+        body = workload.v3_records[len(samples) % len(workload.v3_records)]
+        began = time.perf_counter()
+        async with sidecar.http.post(
+            path, data=body, headers={"Content-Type": "application/json"}
+        ) as response:
+            answer = json.loads(await response.read())
+        samples.append(time.perf_counter() - began)
+        _count_v3(answer, tally)
+    if tally.failed:
+        raise RuntimeError(f"{tally.failed} v3 single-record produces failed: {tally.first_error}")
+    return samples
+
+
+async def v3_stream_latency(
+    sidecar: Sidecar, topic: str, workload: Workload, seconds: float, max_samples: int
+) -> list[float]:
+    """Seconds from sending one record on an open v3 stream to its answer, one at a time."""
+    samples: list[float] = []
+    tally = Tally()
+    stream = _V3Stream(sidecar, topic)
+    try:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline and len(samples) < max_samples:
+            began = time.perf_counter()
+            stream.send(workload.v3_records[len(samples) % len(workload.v3_records)])
+            _count_v3(await stream.answer(), tally)
+            samples.append(time.perf_counter() - began)
+    finally:
+        await stream.close()
+    if tally.failed:
+        raise RuntimeError(f"{tally.failed} v3 streamed produces failed: {tally.first_error}")
     return samples
 
 
@@ -532,8 +716,9 @@ async def profile_sidecar(
 
 DIRECT, SIDECAR, DIRECT_WIDE = "direct aiokafka", "sidecar (HTTP)", "direct aiokafka, wide window"
 UNMANAGED, TRANSACTIONAL = "sidecar (HTTP), unmanaged topic", "direct transactional writer"
-PATHS = (DIRECT, SIDECAR, DIRECT_WIDE, UNMANAGED, TRANSACTIONAL)
-LATENCY_PATHS = (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL)
+V3_SINGLE, V3_STREAM = "sidecar REST v3, one record per request", "sidecar REST v3 streaming"
+PATHS = (DIRECT, SIDECAR, DIRECT_WIDE, UNMANAGED, TRANSACTIONAL, V3_SINGLE, V3_STREAM)
+LATENCY_PATHS = (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL, V3_SINGLE, V3_STREAM)
 
 
 @dataclass
@@ -572,6 +757,14 @@ class Target:
             run = await transactional_throughput(
                 self.writer, self.plain, workload, seconds, plan.connections, plan.batch
             )
+        elif path == V3_SINGLE:
+            run = await v3_single_throughput(
+                self.sidecar, self.managed, workload, seconds, plan.connections * plan.batch
+            )
+        elif path == V3_STREAM:
+            run = await v3_stream_throughput(
+                self.sidecar, self.managed, workload, seconds, plan.connections, plan.batch
+            )
         else:
             window = plan.wide_window if path == DIRECT_WIDE else plan.window
             run = await direct_throughput(self.producer, self.plain, workload, seconds, window)
@@ -586,6 +779,14 @@ class Target:
         if path == TRANSACTIONAL:
             return await transactional_latency(
                 self.writer, self.plain, workload, seconds, max_samples
+            )
+        if path == V3_SINGLE:
+            return await v3_single_latency(
+                self.sidecar, self.managed, workload, seconds, max_samples
+            )
+        if path == V3_STREAM:
+            return await v3_stream_latency(
+                self.sidecar, self.managed, workload, seconds, max_samples
             )
         return await direct_latency(self.producer, self.plain, workload, seconds, max_samples)
 
@@ -662,13 +863,13 @@ async def _warm_up(plan: Plan, target: Target) -> None:
     print(f"warming up the cluster for {plan.cluster_warmup_s:g} s", flush=True)
     workload = make_workload(plan.sizes[0], plan.batch)
     slice_s = plan.cluster_warmup_s / 4
-    for path in (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL):
+    for path in (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL, V3_STREAM):
         await target.throughput(path, workload, slice_s, plan)
 
 
 async def _measure_size(plan: Plan, workload: Workload, result: SizeResult, target: Target) -> None:
     print(f"{workload.size} B records", flush=True)
-    for path in (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL):
+    for path in (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL, V3_SINGLE, V3_STREAM):
         await target.throughput(path, workload, plan.warmup_s, plan)
     for round_index in range(plan.rounds):
         # Alternate the order, so that a drift in the machine's load hits every path.
@@ -727,14 +928,22 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         TRANSACTIONAL: (
             f"direct transactional writer, {plan.connections} x {plan.batch} in flight"
         ),
+        V3_SINGLE: (
+            f"sidecar REST v3, one record per request, {plan.connections * plan.batch} "
+            "requests in flight"
+        ),
+        V3_STREAM: f"sidecar REST v3 streaming, {plan.connections} x {plan.batch} in flight",
     }
     latency_labels = {
         DIRECT: "direct aiokafka",
         SIDECAR: "sidecar over HTTP (managed: transactions)",
         UNMANAGED: "sidecar over HTTP, unmanaged topic",
         TRANSACTIONAL: "direct transactional writer (a transaction each)",
+        V3_SINGLE: "sidecar REST v3, one request per record (managed)",
+        V3_STREAM: "sidecar REST v3, one record at a time on an open stream (managed)",
     }
     cost_rows = []
+    v3_rows = []
     headline_rows = []
     throughput_rows = []
     latency_rows = []
@@ -760,6 +969,16 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
                 f"{p50[SIDECAR] - p50[DIRECT]:+.2f} ms",
                 f"{p50[DIRECT]:.2f} → {p50[SIDECAR]:.2f} ms",
                 _paired_ratio(runs_of[SIDECAR], runs_of[DIRECT_WIDE]),
+            ]
+        )
+        v3_rows.append(
+            [
+                size,
+                _paired_ratio(runs_of[V3_SINGLE], runs_of[DIRECT]),
+                _paired_ratio(runs_of[V3_STREAM], runs_of[DIRECT]),
+                _paired_ratio(runs_of[V3_STREAM], runs_of[SIDECAR]),
+                f"{p50[V3_SINGLE] - p50[DIRECT]:+.2f} ms",
+                f"{p50[V3_STREAM] - p50[DIRECT]:+.2f} ms",
             ]
         )
         for path in PATHS:
@@ -821,6 +1040,20 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         ),
         "",
         "Throughput ratios: median (min-max) over the rounds of the ratio within a round.",
+        "",
+        "## REST Proxy v3 against direct aiokafka (managed topic, same run)",
+        "",
+        *markdown_table(
+            [
+                "record size",
+                f"v3 one record per request / direct ({in_flight} in flight each)",
+                f"v3 streaming / direct ({in_flight} in flight each)",
+                "v3 streaming / v2 batches",
+                "p50 overhead, v3 request",
+                "p50 overhead, v3 stream",
+            ],
+            v3_rows,
+        ),
         "",
         "## What transactions cost (managed topics are written in transactions)",
         "",
