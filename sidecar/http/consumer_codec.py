@@ -116,6 +116,7 @@ from sidecar.core.errors import (
     UnsupportedMediaType,
 )
 from sidecar.core.handoff import AssignmentChange, HandoffKind
+from sidecar.core.placement import COUNT_HEADER, GENERATION_HEADER, SIDECAR_HEADER
 
 # Shared with the produce codec, so that both answer a malformed body in the same words.
 from sidecar.core.produce import EmbeddedFormat
@@ -743,7 +744,10 @@ def _record_entry(record: RecordToDeliver, fmt: EmbeddedFormat) -> str:
     headers = ""
     if record.headers:
         entries = ",".join(
-            _header_start(name) + _base64_or_null(data) + "}" for name, data in record.headers
+            _repeating_header(name, data)
+            if name in _REPEATING_HEADERS
+            else _header_start(name) + _base64_or_null(data) + "}"
+            for name, data in record.headers
         )
         headers = f',"headers":[{entries}]'
     return (
@@ -756,6 +760,16 @@ def _record_entry(record: RecordToDeliver, fmt: EmbeddedFormat) -> str:
 def _json_string(text: str) -> str:
     # Topic names repeat on every record of a response.
     return json.dumps(text)
+
+
+_REPEATING_HEADERS: Final = frozenset({GENERATION_HEADER, COUNT_HEADER, SIDECAR_HEADER})
+"""Headers of a managed topic's records whose values repeat from record to record (the
+sequence header does not): their whole JSON entry is kept."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _repeating_header(name: str, data: bytes | None) -> str:
+    return _header_start(name) + _base64_or_null(data) + "}"
 
 
 @functools.lru_cache(maxsize=4096)
