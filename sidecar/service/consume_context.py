@@ -16,14 +16,13 @@ from sidecar.adapters.callbacks import CallbackClient, CallbackMessage
 from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.config import ConsumerSettings
-from sidecar.core.consume import TopicPartition
+from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.generations import ChangeKind
 from sidecar.core.handoff import HandoffCallback
 from sidecar.core.placement import SIDECAR_HEADER, header_value
 from sidecar.metrics import SidecarMetrics
 
 if TYPE_CHECKING:
-    from sidecar.service.partitions import Delivered
     from sidecar.service.registry import TopicRuntime
 
 
@@ -75,7 +74,9 @@ class ConsumerMetrics:
     def __init__(self, metrics: SidecarMetrics) -> None:
         self.metrics = metrics
 
-    def delivered(self, tp: TopicPartition, records: Sequence[Delivered], managed: bool) -> None:
+    def delivered(
+        self, tp: TopicPartition, records: Sequence[ConsumedRecord], managed: bool
+    ) -> None:
         if not records:
             return
         metrics = self.metrics

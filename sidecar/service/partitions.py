@@ -14,32 +14,6 @@ from dataclasses import dataclass, field
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 
 
-@dataclass(slots=True)
-class Delivered:
-    """A record released to the app."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]]
-    """The consumed record's own list, shared, not copied."""
-    source: ConsumedRecord
-
-
-def delivered(record: ConsumedRecord) -> Delivered:
-    return Delivered(
-        record.topic,
-        record.partition,
-        record.offset,
-        record.key,
-        record.value,
-        record.headers,
-        record,
-    )
-
-
 @dataclass
 class PartitionState:
     buffer: deque[ConsumedRecord] = field(default_factory=deque)
@@ -83,9 +57,9 @@ class PartitionState:
             return
         self.buffer.extend(record for record in records if record.offset > seen)
 
-    def put_back(self, record: Delivered) -> None:
+    def put_back(self, record: ConsumedRecord) -> None:
         """A released record the app did not get: at the head again, not delivered."""
-        self.buffer.appendleft(record.source)
+        self.buffer.appendleft(record)
         self.delivered = self.released_to = record.offset
 
     def drop_released(self, offset: int) -> None:
@@ -202,7 +176,7 @@ class PartitionBuffers:
             state.fetched_to = position(tp)
             state.skip_invisible()
 
-    def undeliver(self, records: Sequence[Delivered]) -> None:
+    def undeliver(self, records: Sequence[ConsumedRecord]) -> None:
         """Put back what was released but could not be sent to the app."""
         for record in reversed(records):
             state = self._states.get(TopicPartition(record.topic, record.partition))
@@ -210,8 +184,8 @@ class PartitionBuffers:
                 state.put_back(record)
 
     def keep_assigned(
-        self, records: Sequence[Delivered], assigned: set[TopicPartition]
-    ) -> list[Delivered]:
+        self, records: Sequence[ConsumedRecord], assigned: set[TopicPartition]
+    ) -> list[ConsumedRecord]:
         """Drop what was released from partitions that are no longer assigned (lost in a
         rebalance without a revocation): their new owner delivers them. The position goes
         back, so nothing dropped here is ever committed as delivered."""

@@ -40,7 +40,7 @@ from sidecar.core.placement import GENERATION_HEADER, RELOCATION_HEADER, header_
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.notices import AssignmentNotices
-from sidecar.service.partitions import Delivered, PartitionBuffers, PartitionState, delivered
+from sidecar.service.partitions import PartitionBuffers, PartitionState
 from sidecar.service.registry import TopicRuntime
 from sidecar.service.waits import GateWaits
 
@@ -49,7 +49,9 @@ _log = logging.getLogger(__name__)
 
 @dataclass
 class PollResult:
-    records: list[Delivered]
+    records: list[ConsumedRecord]
+    """Released records as the consumer returned them: no copy between aiokafka and the
+    response encoder."""
     events: list[HandoffEvent]
     notices: list[AssignmentNotice] = field(default_factory=list)
     """Rebalances since the last response, in order; they precede ``events`` and
@@ -188,7 +190,7 @@ class Release:
         self.buffers.undeliver(result.records)
 
     async def _release_locked(self, max_bytes: int | None) -> PollResult:
-        released: list[Delivered] = []
+        released: list[ConsumedRecord] = []
         events = await self.teller.pending_events()
         # Under the delivery lock, which the rebalance listener takes to queue them.
         notices = self.notices.take()
@@ -202,7 +204,7 @@ class Release:
 
     async def _release_partitions(
         self,
-        released: list[Delivered],
+        released: list[ConsumedRecord],
         events: list[HandoffEvent],
         notices: list[AssignmentNotice],
         max_bytes: int | None,
@@ -250,7 +252,7 @@ class Release:
                 state.buffer.popleft()
                 state.delivered = state.released_to = record.offset + 1
                 size += record_size
-                released.append(delivered(record))
+                released.append(record)
             state.skip_invisible()
             # Events go before records in a response: a revocation told alongside the
             # partition's last records would reach the app before them. Next poll, then.

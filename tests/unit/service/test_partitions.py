@@ -22,7 +22,6 @@ from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
 from sidecar.service.partitions import PartitionBuffers, PartitionState
-from sidecar.service.partitions import delivered as _delivered
 from sidecar.service.release import PollResult
 
 TP = TopicPartition("t", 4)
@@ -108,7 +107,7 @@ async def test_records_dropped_for_a_lost_partition_are_fetched_again_when_it_re
     assert state.fetched_to == 891
 
     # Released, then the partition is found gone: the records go back for its next owner.
-    released = [_delivered(state.buffer.popleft()) for _ in range(len(state.buffer))]
+    released = [state.buffer.popleft() for _ in range(len(state.buffer))]
     consumer.assigned = set()
     kept = instance.release._still_assigned(PollResult(released, []), {TP})
     assert kept.records == []
