@@ -22,7 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -96,10 +96,12 @@ FALLBACK_CLUSTER_ID = "kafka-cluster"
 
 @dataclass(frozen=True, slots=True)
 class SentRecord:
+    """Where a record landed. Its position names it; the timestamp is what Kafka stamped."""
+
     partition: int
     offset: int
-    timestamp_ms: int | None = None
-    """CreateTime or LogAppendTime, as the producer reports it."""
+    timestamp_ms: int | None = field(default=None, compare=False)
+    """CreateTime or LogAppendTime, as the producer reports it (not part of equality)."""
 
 
 @dataclass(frozen=True, slots=True)

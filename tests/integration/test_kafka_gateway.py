@@ -151,6 +151,7 @@ async def test_headers_keys_and_tombstones_arrive_as_sent(
     assert (first, second) == (SentRecord(1, 0), SentRecord(1, 1))
 
     records = await _read_all(cluster, topic, 2)
+    assert [r.timestamp for r in records] == [first.timestamp_ms, second.timestamp_ms]
     assert [(r.partition, r.offset, r.key, r.value) for r in records] == [
         (1, 0, b"key", b"value"),
         (1, 1, b"key", None),
