@@ -170,14 +170,15 @@ def _decode_data(raw: object, where: str) -> tuple[bytes | None, str | None]:
         )
     refuse_unknown_fields(raw, _DATA_FIELDS, where, BadRequest)
     kind = raw.get("type", "BINARY")
+    if not isinstance(kind, str):
+        raise BadRequest(f"{where}.type must be BINARY, JSON or STRING, got {json_type(kind)}")
     if kind in _SCHEMA_TYPES:
         raise InvalidRecord(
             f"{where}.type {kind} needs a schema registry, which this sidecar does not use; "
             "send type BINARY, JSON or STRING"
         )
     if kind not in _PLAIN_TYPES:
-        shown = kind if isinstance(kind, str) else json_type(kind)
-        raise BadRequest(f"{where}.type must be BINARY, JSON or STRING, got {shown[:40]!r}")
+        raise BadRequest(f"{where}.type must be BINARY, JSON or STRING, got {kind[:40]!r}")
     data = raw.get("data")
     if data is None:
         return None, kind

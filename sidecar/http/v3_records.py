@@ -120,6 +120,10 @@ def _v3_errors(handler: V3Handler) -> V3Handler:
             if exc.http_status >= 500:
                 _log.warning("%s %s failed: %s", request.method, request.path, exc.message)
             return _error_response(exc)
+        except Exception:
+            # A bug: answered in this API's shape and content type all the same.
+            _log.exception("unexpected error serving %s %s", request.method, request.path)
+            return _error_response(SidecarError())
 
     answered.__name__ = handler.__name__
     answered.__doc__ = handler.__doc__

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -39,7 +40,7 @@ class _Directory:
 @dataclass
 class _Service:
     """Writes every record at the next offset of partition 0; fences keys named "fenced"
-    with one record alone, fails keys named "bad" per record."""
+    with one record alone, fails keys named "bad" per record, breaks on "broken"."""
 
     settings: Settings
     calls: list[ProduceRequest] = field(default_factory=list)
@@ -62,6 +63,8 @@ class _Service:
         await self.release.wait()
         if request.records[0].key == b"fenced":
             raise FencedGeneration("old", current_generation=2, current_count=4)
+        if request.records[0].key == b"broken":
+            raise RuntimeError("hunter2")
         results: list[RecordWritten | RecordFailed] = []
         for record in request.records:
             if record.key == b"bad":
@@ -116,6 +119,20 @@ async def test_one_record_is_answered_with_its_own_status(
     body = await response.json()
     assert body["error_code"] == 409
     assert body["current_generation"] == 2
+
+
+async def test_a_bug_is_a_500_in_v3_shape_without_internals(
+    client: Client, service: _Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    service.release.set()
+    with caplog.at_level(logging.ERROR):
+        response = await client.post(PATH, data=json.dumps(record("broken")), headers=JSON)
+    assert response.status == 500
+    assert response.content_type == "application/json"
+    assert await response.json() == {"error_code": 500, "message": "internal error"}
+    (logged,) = caplog.records
+    assert logged.exc_info is not None
+    assert logged.exc_info[0] is RuntimeError
 
 
 @pytest.mark.parametrize(
