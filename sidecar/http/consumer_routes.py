@@ -40,6 +40,7 @@ from sidecar.http.consumer_codec import (
     records_content_type,
     subscription_body,
 )
+from sidecar.http.error_map import client_went_away
 from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE
 from sidecar.http.topic_routes import TOPICS_KEY
 from sidecar.service.consumers import Consumers, new_instance_name
@@ -192,7 +193,7 @@ async def records(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": content_type})
         response.content_length = len(body)
         try:
-            if request.transport is None or request.transport.is_closing():
+            if client_went_away(request):
                 raise ConnectionResetError("the client closed the connection")
             await response.prepare(request)
             await response.write(body)

@@ -73,8 +73,18 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             _log.warning("%s %s failed: %s", request.method, request.path, exc.message)
         return error_response(exc)
     except Exception as exc:
-        _log.exception("unexpected error serving %s %s", request.method, request.path)
+        if isinstance(exc, ConnectionResetError) and client_went_away(request):
+            # A client that stopped waiting (its poll timeout passed, its process ended) is
+            # not a fault of the sidecar's; the answer below reaches no one.
+            _log.debug("%s %s: the client went away", request.method, request.path)
+        else:
+            _log.exception("unexpected error serving %s %s", request.method, request.path)
         return error_response(exc)
+
+
+def client_went_away(request: web.BaseRequest) -> bool:
+    """Whether the connection ``request`` came on is closed or closing."""
+    return request.transport is None or request.transport.is_closing()
 
 
 def _sidecar_error_body(exc: SidecarError) -> ErrorBody:

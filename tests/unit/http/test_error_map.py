@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -116,6 +117,12 @@ async def broken(request: web.Request) -> web.Response:
     raise RuntimeError(SECRET)
 
 
+async def gone(request: web.Request) -> web.Response:
+    assert request.transport is not None
+    request.transport.close()
+    raise ConnectionResetError("the client closed the connection")
+
+
 async def moved(request: web.Request) -> web.Response:
     raise web.HTTPFound("/fenced")
 
@@ -131,6 +138,7 @@ async def client() -> AsyncIterator[Client]:
     app.router.add_get("/unavailable", unavailable)
     app.router.add_get("/broken", broken)
     app.router.add_get("/moved", moved)
+    app.router.add_get("/gone", gone)
     app.router.add_post("/echo", echo)
     async with TestClient(TestServer(app)) as test_client:
         yield test_client
@@ -204,6 +212,17 @@ async def test_unexpected_exception_is_500_without_internals(
     (record,) = caplog.records
     assert record.exc_info is not None
     assert record.exc_info[0] is RuntimeError
+
+
+async def test_a_client_that_went_away_is_no_error_of_the_sidecars(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        caplog.at_level(logging.DEBUG, logger="sidecar.http.error_map"),
+        pytest.raises(aiohttp.ClientConnectionError),
+    ):
+        await answer(client, "GET", "/gone")
+    assert [(r.levelno, r.exc_info) for r in caplog.records] == [(logging.DEBUG, None)]
 
 
 async def test_redirects_and_successes_pass_through(client: Client) -> None:
