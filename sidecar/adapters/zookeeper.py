@@ -261,7 +261,7 @@ class MetadataStore:
         for _ in range(self._transaction_attempts):
             transaction = self._client.transaction()
             stat = self._client.exists(path)
-            if stat is not None and stat.ephemeralOwner == self._client.client_id[0]:
+            if stat is not None and stat.ephemeralOwner == self._session_id():
                 transaction.set_data(path, data, version=stat.version)
             else:
                 if stat is not None:
@@ -539,7 +539,7 @@ class MetadataStore:
             raw, stat = self._client.get(path)
         except NoNodeError:
             return LockHolder("nobody", "a lock released meanwhile", time.time())
-        if stat.ephemeralOwner == self._client.client_id[0] and topic not in self._held_locks:
+        if stat.ephemeralOwner == self._session_id() and topic not in self._held_locks:
             # Ours, yet not held: left by an interrupted attempt. Delete it and retry.
             with suppress(NoNodeError, BadVersionError):
                 self._client.delete(path, version=stat.version)
@@ -575,7 +575,7 @@ class MetadataStore:
 
     def _release_leftover_locks(self) -> list[str]:
         released = []
-        session = self._client.client_id[0]
+        session = self._session_id()
         for topic in self._client.get_children(f"{self._root}/locks"):
             path = f"{self._root}/locks/{topic}"  # listed: a node already
             stat = self._client.exists(path)
@@ -802,6 +802,16 @@ class MetadataStore:
         raise MetadataUnavailable(f"commit of generation {number} of {topic!r} kept racing")
 
     # Plumbing -------------------------------------------------------------------------
+
+    def _session_id(self) -> int:
+        """The id of this client's ZooKeeper session, the owner of its ephemeral nodes.
+
+        kazoo forgets it when the session is lost, which can happen between a call that
+        succeeded and the comparison that needs it: that is a lost connection too."""
+        client_id = self._client.client_id
+        if client_id is None:
+            raise SessionExpiredError("the ZooKeeper session was lost")
+        return int(client_id[0])
 
     async def _run(self, function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Run a blocking kazoo call in a thread, with connection errors translated."""
