@@ -7,11 +7,14 @@ partition keeps the positions the release and the commits need (``PartitionState
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sidecar.core.consume import ConsumedRecord, TopicPartition
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,7 +58,29 @@ class PartitionState:
         if records and records[0].offset > seen:
             self.buffer.extend(records)
             return
-        self.buffer.extend(record for record in records if record.offset > seen)
+        kept = [record for record in records if record.offset > seen]
+        # A refetch discards what was released before; a record discarded that was
+        # never released here was skipped (a relocation tombstone, or a defect): said,
+        # because the second would lose it.
+        never_released = [
+            r.offset
+            for r in records
+            if r.offset <= seen and (self.released_to is None or r.offset >= self.released_to)
+        ]
+        if never_released:
+            first = records[0]
+            _log.info(
+                "%s[%d]: %d fetched records (%d..%d) never released here were discarded as "
+                "seen (delivered %s, buffered to %s)",
+                first.topic,
+                first.partition,
+                len(never_released),
+                never_released[0],
+                never_released[-1],
+                self.delivered,
+                self.buffer[-1].offset if self.buffer else None,
+            )
+        self.buffer.extend(kept)
 
     def put_back(self, record: ConsumedRecord) -> None:
         """A released record the app did not get: at the head again, not delivered."""
@@ -158,6 +183,17 @@ class PartitionBuffers:
             if state is None and fetched_in == self.epoch:
                 state = self.ensure(tp)
             if state is None or state.since > fetched_in:
+                if state is not None and records:
+                    _log.info(
+                        "%s[%d]: fetch of %d..%d returned before the partition started "
+                        "afresh (epoch %d, now %d): read again from the new position",
+                        tp.topic,
+                        tp.partition,
+                        records[0].offset,
+                        records[-1].offset,
+                        fetched_in,
+                        state.since,
+                    )
                 continue
             state.take(records)
 
@@ -190,6 +226,7 @@ class PartitionBuffers:
         rebalance without a revocation): their new owner delivers them. The position goes
         back, so nothing dropped here is ever committed as delivered."""
         kept = []
+        dropped: set[TopicPartition] = set()
         for record in records:
             tp = TopicPartition(record.topic, record.partition)
             if tp in assigned:
@@ -197,5 +234,14 @@ class PartitionBuffers:
                 continue
             state = self._states.get(tp)
             if state is not None:
+                if tp not in dropped:
+                    dropped.add(tp)
+                    _log.info(
+                        "%s[%d]: released records from %d on dropped, the partition was "
+                        "lost to a rebalance",
+                        tp.topic,
+                        tp.partition,
+                        record.offset,
+                    )
                 state.drop_released(record.offset)
         return kept
