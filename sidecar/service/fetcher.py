@@ -57,7 +57,7 @@ class Fetcher:
             return
         fetching, self._fetching = self._fetching, None
         fetched_in, batches = fetching.result()
-        self.buffers.take(batches, fetched_in=fetched_in)
+        self.buffers.take(batches, fetched_in=fetched_in, assigned=consumer.assignment())
         # The positions moved with the records just taken (and past the markers and
         # aborted records among and after them); nothing else moves them until the next
         # fetch, so they are read here, once.

@@ -30,9 +30,6 @@ class PartitionState:
     """The consumer's position when the last fetch was taken into ``buffer``."""
     committed: int | None = None
     """What this instance last committed (or read as the group's committed offset)."""
-    since: int = 0
-    """``PartitionBuffers.epoch`` when this state began: a fetch that returned before
-    then read from a position the consumer has since left (see ``PartitionBuffers``)."""
 
     def skip_invisible(self) -> None:
         """Count the offsets the consumer skipped as delivered.
@@ -101,19 +98,30 @@ class PartitionState:
 class PartitionBuffers:
     """The instance's partitions and their states, by partition.
 
-    ``epoch`` counts the times partitions were dropped or started afresh (a rebalance, a
-    seek). A fetch left running by one poll may return before such a change and be
-    taken by a later poll after it: its records were read from the position the old
-    assignment had reached, past what the group committed, while the consumer itself
-    starts the new assignment from the committed offset. Taken into the fresh state,
-    they would make its head skip everything between, and the refetch of those records
-    would be discarded as seen. So a batch is taken only into a state that began no
-    later than the fetch returned; the consumer fetches the rest again.
+    ``epoch`` counts the times the consumer's positions were set anew: every partition's
+    at a rebalance (aiokafka's group consumer revokes every partition and assigns anew),
+    a manual assignment or an unsubscribe; one partition's at a seek. A fetch left
+    running by one poll may return before such a change and be taken by a later poll
+    after it: its records were read from the position the old assignment had reached,
+    past what the group committed, while the consumer itself starts the new assignment
+    from the committed offset. Taken into the fresh state, they would make its head skip
+    everything between, and the refetch of those records would be discarded as seen. So
+    a batch is taken only if no change of the partition's position came after the
+    fetch returned; the consumer fetches the rest again.
+
+    Dropping the state of a partition that is no longer assigned moves no position, so
+    it is no such change: counted as one, it made a fetch of another partition, newly
+    assigned and returned before its state was created, look older than that state, and
+    the batch was dropped while the consumer's position had moved past it.
     """
 
     def __init__(self) -> None:
         self._states: dict[TopicPartition, PartitionState] = {}
         self.epoch = 0
+        self._all_set_at = 0
+        """``epoch`` when every position was last set anew."""
+        self._seeks: dict[TopicPartition, int] = {}
+        """``epoch`` of each partition's last seek since then."""
 
     def __contains__(self, tp: object) -> bool:
         return tp in self._states
@@ -136,35 +144,46 @@ class PartitionBuffers:
     def topics(self) -> set[str]:
         return {tp.topic for tp in self._states}
 
+    def _position_set_at(self, tp: TopicPartition) -> int:
+        return max(self._all_set_at, self._seeks.get(tp, 0))
+
+    def _all_positions_set_anew(self) -> None:
+        self.epoch += 1
+        self._all_set_at = self.epoch
+        self._seeks.clear()
+        self._states.clear()
+
     def ensure(self, tp: TopicPartition) -> PartitionState:
         state = self._states.get(tp)
         if state is None:
-            state = self._states[tp] = PartitionState(since=self.epoch)
+            state = self._states[tp] = PartitionState()
         return state
 
     def reset(self, tp: TopicPartition, delivered: int | None = None) -> None:
         """Start ``tp`` afresh (a seek): an empty buffer, delivered up to ``delivered``."""
         self.epoch += 1
-        self._states[tp] = PartitionState(delivered=delivered, since=self.epoch)
+        self._seeks[tp] = self.epoch
+        self._states[tp] = PartitionState(delivered=delivered)
 
     def replace_all(self, partitions: Iterable[TopicPartition]) -> None:
-        self.epoch += 1
-        self._states = {tp: PartitionState(since=self.epoch) for tp in partitions}
+        self._all_positions_set_anew()
+        self._states = {tp: PartitionState() for tp in partitions}
 
     def clear(self) -> None:
-        self.epoch += 1
-        self._states.clear()
+        self._all_positions_set_anew()
 
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
-        self.epoch += 1
-        for tp in partitions:
-            self._states.pop(tp, None)
+        """A rebalance revoked ``partitions``: every position is set anew, so every state
+        goes, also one a poll created during the rebalance for the old assignment."""
+        del partitions  # the whole assignment, with aiokafka's eager rebalancing
+        self._all_positions_set_anew()
 
     def keep_only(self, assigned: set[TopicPartition]) -> list[TopicPartition]:
         """Drop the partitions no longer assigned; returns them."""
         gone = [tp for tp in self._states if tp not in assigned]
-        if gone:
-            self.forget(gone)
+        for tp in gone:
+            del self._states[tp]
+            self._seeks.pop(tp, None)
         return gone
 
     def full(self, assigned: Iterable[TopicPartition], limit: int) -> list[TopicPartition]:
@@ -173,29 +192,33 @@ class PartitionBuffers:
         return [tp for tp in assigned if len(self.ensure(tp).buffer) >= limit]
 
     def take(
-        self, batches: Mapping[TopicPartition, Sequence[ConsumedRecord]], *, fetched_in: int
+        self,
+        batches: Mapping[TopicPartition, Sequence[ConsumedRecord]],
+        *,
+        fetched_in: int,
+        assigned: set[TopicPartition],
     ) -> None:
-        """Buffer what a fetch returned while ``epoch`` was ``fetched_in``; batches for
-        partitions started afresh since are dropped (the consumer reads them again from
-        the position it was given then)."""
+        """Buffer what a fetch returned while ``epoch`` was ``fetched_in``, for the
+        partitions ``assigned`` now; a batch of a partition whose position was set anew
+        since is dropped (the consumer reads it again from the position it was given)."""
         for tp, records in batches.items():
-            state = self._states.get(tp)
-            if state is None and fetched_in == self.epoch:
-                state = self.ensure(tp)
-            if state is None or state.since > fetched_in:
-                if state is not None and records:
+            if tp not in assigned:
+                continue
+            set_at = self._position_set_at(tp)
+            if set_at > fetched_in:
+                if records:
                     _log.info(
-                        "%s[%d]: fetch of %d..%d returned before the partition started "
-                        "afresh (epoch %d, now %d): read again from the new position",
+                        "%s[%d]: fetch of %d..%d returned before the partition's position "
+                        "was set anew (epoch %d, now %d): read again from the new position",
                         tp.topic,
                         tp.partition,
                         records[0].offset,
                         records[-1].offset,
                         fetched_in,
-                        state.since,
+                        set_at,
                     )
                 continue
-            state.take(records)
+            self.ensure(tp).take(records)
 
     def note_positions(
         self, assigned: Iterable[TopicPartition], position: Callable[[TopicPartition], int | None]

@@ -202,6 +202,41 @@ async def test_a_fetch_that_returns_after_a_rebalance_is_taken() -> None:
     assert [r.offset for r in instance.partitions[TP].buffer] == list(range(10, 20))
 
 
+async def test_dropping_an_old_partition_does_not_drop_a_new_ones_fetch() -> None:
+    """During a rebalance the consumer still reports the old assignment, and a poll
+    re-creates the old partitions' states. Once the new assignment is in, aiokafka may
+    fetch a newly assigned partition before its listener runs; a poll left that fetch
+    running. The next poll dropped the old states first, which counted as a fresh start
+    of every partition, so the new partition's state looked newer than the fetch and its
+    records (the first after the committed offset) were dropped while the consumer's
+    position had moved past them. Chaos run 6 lost two records this way."""
+    old = TopicPartition("t", 5)
+    consumer = _Consumer()
+    instance, fake = _instance(consumer)
+    consumer.assigned = {old}
+    consumer.positions = {old: _Position(40), TP: _Position(None)}
+    await instance.fetcher.fetch(fake, 0.01)
+
+    instance.revoked({old})  # the rebalance begins; the old assignment is still reported
+    consumer.fetch_returns.clear()
+    await instance.fetcher.fetch(fake, 0.01)  # leaves a fetch running, re-creates old's state
+    assert old in instance.partitions
+
+    # The new assignment: the fetch reads the new partition before the listener has run.
+    consumer.assigned = {TP}
+    consumer.positions[TP].position = 2532
+    consumer.next_fetch = {TP: _records(2532, 2533)}
+    consumer.fetch_returns.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+    await instance.fetcher.fetch(fake, 0.01)
+    await instance.partitions_assigned({TP})
+    state = instance.partitions[TP]
+    assert [r.offset for r in state.buffer] == [2532, 2533]
+    assert old not in instance.partitions
+
+
 def test_a_refetch_keeps_only_records_past_what_was_buffered_or_delivered() -> None:
     state = PartitionState(delivered=3)
     state.take(_records(0, 5))
@@ -227,7 +262,9 @@ def test_skipped_offsets_below_the_head_or_the_fetch_position_count_as_delivered
 def test_buffers_follow_the_assignment_and_report_full_partitions() -> None:
     buffers = PartitionBuffers()
     other = TopicPartition("t", 5)
-    buffers.take({TP: _records(0, 2), other: _records(0, 0)}, fetched_in=buffers.epoch)
+    buffers.take(
+        {TP: _records(0, 2), other: _records(0, 0)}, fetched_in=buffers.epoch, assigned={TP, other}
+    )
     assert buffers.full([TP, other], 3) == [TP]
     assert buffers.keep_only({TP}) == [other]
     assert list(buffers) == [TP]
