@@ -56,6 +56,11 @@ class KafkaSettings:
     retry_backoff_s: float = 0.1
     """Pause between tries of a retriable metadata or admin request, and between looks
     at the metadata while waiting for a topic or its new partitions to show."""
+    transaction_poll_ms: float = 5.0
+    """How often the transactional producer asks again to add a partition to a new
+    transaction while Kafka is still writing the previous one's markers (aiokafka and
+    Java ask every 20 ms, and the markers take a few: most of a transaction's time was
+    that wait). Lower costs the transaction coordinator more requests."""
     client: Mapping[str, str | int | bool] = field(default_factory=dict)
     """Extra aiokafka client settings (security_protocol, sasl_*, ssl...), passed through."""
 
@@ -391,7 +396,7 @@ _POSITIVE = {
         "housekeeping_interval_s",
     ),
     "zookeeper": ("lock_poll_s", "transaction_attempts", "topic_list_interval_s"),
-    "kafka": ("reset_backoff_s", "retry_backoff_s"),
+    "kafka": ("reset_backoff_s", "retry_backoff_s", "transaction_poll_ms"),
     "http": ("shutdown_grace_s",),
     "produce": ("writer_retry_s", "stream_max_in_flight", "stream_idle_timeout_s"),
     "audit": ("batch_size", "partitions"),
