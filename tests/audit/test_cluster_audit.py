@@ -108,6 +108,20 @@ async def scraping_prometheus(targets: Sequence[int], directory: Path) -> AsyncI
         yield url
 
 
+async def _consumer_state(sidecar: RunningSidecar, topic: str) -> str:
+    """What the consuming sidecar says of the topic: gated partitions, lag, modes."""
+    async with sidecar.http.get("/metrics") as response:
+        metrics = await response.text()
+    lines = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith(("sidecar_gated_partitions{", "sidecar_consumer_lag{"))
+        and not line.endswith(" 0.0")
+    ]
+    description = await sidecar.describe(topic)
+    return f"metrics: {lines or 'nothing gated, no lag'}; topic: {description}"
+
+
 def registry_total(sidecars: Sequence[RunningSidecar], name: str, labels: dict[str, str]) -> float:
     """A histogram's _count summed over the sidecars' registries and the given labels."""
     total = 0.0
@@ -220,13 +234,20 @@ async def run(
                 sidecars, "sidecar_gate_wait_seconds_count", {"topic": topic}
             )
 
-            await bypass_the_sidecars(cluster, topic)
+            # Counted before the writes: the group may deliver the first of them before
+            # the last is acknowledged.
             delivered_before = len(ledger.delivered)
+            await bypass_the_sidecars(cluster, topic)
             # Generous: on a loaded machine a fresh cluster's group coordinator can move
             # for tens of seconds, and this is not what the test measures.
             deadline = time.monotonic() + 90
             while len(ledger.delivered) < delivered_before + len(ROGUE_KEYS):
-                assert time.monotonic() < deadline, "the group never got the bypassing records"
+                if time.monotonic() >= deadline:
+                    state = await _consumer_state(consuming, topic)
+                    raise AssertionError(
+                        f"the group never got the bypassing records; poll errors "
+                        f"{ledger.poll_errors[-5:]}; {state}"
+                    )
                 await asyncio.sleep(0.2)
             physical = (await producing.describe(topic))["physical_count"]
             emitted = await ungated_consumer(cluster, topic, audit_topic, physical)
