@@ -62,7 +62,7 @@ class KafkaSettings:
     aiokafka's and Java's value; the markers take a few ms, so most of a lone
     transaction's time is that wait (5 ms more than halved it in ``bench.produce``).
     Lower costs the transaction coordinator more requests; the default stays at 20 ms
-    until the lower value has been through the fault tests (see bench/README.md)."""
+    until the lower value has been through the fault tests (docs/fencing.md)."""
     client: Mapping[str, str | int | bool] = field(default_factory=dict)
     """Extra aiokafka client settings (security_protocol, sasl_*, ssl...), passed through."""
 

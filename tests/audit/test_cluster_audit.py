@@ -43,6 +43,7 @@ from tests.ops.support import running_prometheus
 from tests.support.ledger import (
     Ledger,
     consume_into,
+    gate_and_lag_lines,
     produce_sequences,
     producer_keys,
     wait_until_delivered,
@@ -112,12 +113,7 @@ async def _consumer_state(sidecar: RunningSidecar, topic: str) -> str:
     """What the consuming sidecar says of the topic: gated partitions, lag, modes."""
     async with sidecar.http.get("/metrics") as response:
         metrics = await response.text()
-    lines = [
-        line
-        for line in metrics.splitlines()
-        if line.startswith(("sidecar_gated_partitions{", "sidecar_consumer_lag{"))
-        and not line.endswith(" 0.0")
-    ]
+    lines = gate_and_lag_lines(metrics)
     description = await sidecar.describe(topic)
     return f"metrics: {lines or 'nothing gated, no lag'}; topic: {description}"
 

@@ -157,13 +157,18 @@ async def describe_gates(sidecars: Sequence[SidecarProcess]) -> str:
                 text = await response.text()
         except aiohttp.ClientError:
             continue
-        lines += [
-            f"{sidecar.id}: {line}"
-            for line in text.splitlines()
-            if line.startswith(("sidecar_gated_partitions{", "sidecar_consumer_lag{"))
-            and not line.endswith(" 0.0")
-        ]
+        lines += [f"{sidecar.id}: {line}" for line in gate_and_lag_lines(text)]
     return "; ".join(lines) or "nothing gated, no lag"
+
+
+def gate_and_lag_lines(metrics: str) -> list[str]:
+    """The non-zero gated-partition and consumer-lag samples of a ``/metrics`` text."""
+    return [
+        line
+        for line in metrics.splitlines()
+        if line.startswith(("sidecar_gated_partitions{", "sidecar_consumer_lag{"))
+        and not line.endswith(" 0.0")
+    ]
 
 
 async def wait_until_delivered(
