@@ -77,6 +77,7 @@ from ordered_dev.devcluster.provider import ClusterEndpoints, provide_cluster
 from sidecar.adapters.kafka import OutgoingKafkaRecord, SentRecord
 from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.config import KafkaSettings
+from sidecar.core.procedures import incarnation_ids
 
 PARTITIONS = 6
 KEY_BYTES = 16
@@ -810,8 +811,10 @@ async def run(
         producer = AIOKafkaProducer(
             bootstrap_servers=cluster.kafka_bootstrap, acks="all", enable_idempotence=True
         )
+        writer_settings = KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap)
         writer = TransactionalWriter(
-            KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap), f"bench-{suffix}"
+            writer_settings,
+            incarnation_ids("bench", suffix, 0, writer_settings.transaction_lanes),
         )
         try:
             await admin.create_topics(

@@ -32,6 +32,7 @@ from sidecar.core import names
 from sidecar.core.errors import InvalidName
 
 ENV_PREFIX = "ORDERED_SIDECAR__"
+MAX_TRANSACTION_LANES = 8
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
 
@@ -63,6 +64,12 @@ class KafkaSettings:
     transaction's time is that wait (5 ms more than halved it in ``bench.produce``).
     Lower costs the transaction coordinator more requests; the default stays at 20 ms
     until the lower value has been through the fault tests (docs/fencing.md)."""
+    transaction_lanes: int = 3
+    """Transactional ids (each with its own producer) a sidecar writes through in turn:
+    with more than one, the next transaction is appended while the previous one commits
+    and Kafka writes its markers, instead of waiting for them. Transactions still commit
+    one after the other, in order. Each lane is one more producer (connections, memory)
+    and one more id to fence at a change."""
     client: Mapping[str, str | int | bool] = field(default_factory=dict)
     """Extra aiokafka client settings (security_protocol, sasl_*, ssl...), passed through."""
 
@@ -259,6 +266,11 @@ class Settings:
                 f"kafka.transaction_timeout_ms ({self.kafka.transaction_timeout_ms}) must exceed "
                 f"kafka.request_timeout_ms ({self.kafka.request_timeout_ms}): a transaction "
                 "commits within one request timeout"
+            )
+        if not 1 <= self.kafka.transaction_lanes <= MAX_TRANSACTION_LANES:
+            raise ConfigError(
+                f"kafka.transaction_lanes ({self.kafka.transaction_lanes}) must be from 1 to "
+                f"{MAX_TRANSACTION_LANES}: each lane is a producer of its own"
             )
         if self.changes.housekeeping_interval_s >= self.produce.barrier_timeout_s:
             raise ConfigError(

@@ -1,4 +1,4 @@
-"""Writing managed topics through one Kafka transactional producer (DESIGN §5, fencing).
+"""Writing managed topics through Kafka transactional producers (DESIGN §5, fencing).
 
 Why transactions: a sidecar that was paused past its ZooKeeper session (a long GC, a
 frozen VM) notices nothing and, on resuming, sends what it had admitted across a
@@ -8,10 +8,12 @@ fences every registered id no live sidecar owns (``fence``) before it reads the
 boundaries, so whatever the zombie sends afterwards is rejected, and what it had sent
 before is aborted or committed below the boundaries.
 
-Requests are grouped into transactions: while one transaction commits, the records of
-the requests that arrive meanwhile wait for the next one, so a busy sidecar commits
-many requests at once and an idle one commits each request alone. A request is
-answered once its transaction has ended:
+Requests are grouped into transactions: while one transaction is appended, the records
+of the requests that arrive meanwhile wait for the next one, so a busy sidecar commits
+many requests at once and an idle one commits each request alone. Transactions take
+turns over a few transactional ids (``kafka.transaction_lanes``), so that the next one
+is appended while the previous one commits; they still commit one after the other, in
+order (``TransactionalWriter``). A request is answered once its transaction has ended:
 
 * committed: a ``SentRecord`` per record;
 * aborted, or never begun: ``SendFailed`` with ``maybe_appended`` False (a read-committed
@@ -101,11 +103,33 @@ class _Request:
             self.final.set_result(outcomes)
 
 
-class TransactionalWriter:
-    """One transactional producer and the queue of requests waiting for a transaction.
+@dataclass(slots=True)
+class _Lane:
+    """One transactional id and its producer: one transaction open at a time."""
 
-    ``start`` before use (it initialises the id, which fences any earlier producer of
-    it), ``stop`` at the end. ``on_fenced`` is called once, on the event loop, when the
+    transactional_id: str
+    producer: Any = None
+    ending: asyncio.Task[bool] | None = None
+    """The end (commit or abort) of its last transaction, while that runs."""
+
+
+class TransactionalWriter:
+    """Transactional producers (one per id, *lanes*) and the queue of requests waiting
+    for a transaction.
+
+    A lone producer cannot begin its next transaction until Kafka has written the
+    markers of the previous one (AddPartitionsToTxn is refused meanwhile), which was
+    most of a transaction's time. With several lanes used in turn, the next transaction
+    is appended on one lane while the previous one commits on another. Two rules keep
+    that equal to one transaction after the other:
+
+    * a transaction's records are sent only once the previous transaction's records are
+      appended, so within a partition the offsets follow the order of admission;
+    * a transaction commits only after the previous one committed. If one fails, every
+      later one is aborted: nothing is acknowledged after a record that was not.
+
+    ``start`` before use (it initialises every id, which fences any earlier producer of
+    them), ``stop`` at the end. ``on_fenced`` is called once, on the event loop, when an
     id turns out to belong to another producer or the writer retired itself after
     settling a doubt.
     """
@@ -113,20 +137,27 @@ class TransactionalWriter:
     def __init__(
         self,
         settings: KafkaSettings,
-        transactional_id: str,
+        transactional_ids: Sequence[str],
         *,
         on_fenced: Callable[[], None] = lambda: None,
         stop_before_commit: int = 0,
     ) -> None:
-        self.transactional_id = transactional_id
+        if not transactional_ids:
+            raise ValueError("a writer needs at least one transactional id")
+        self.transactional_ids = tuple(transactional_ids)
+        self._lanes = [_Lane(transactional_id) for transactional_id in self.transactional_ids]
+        self._next_lane = 0
+        self._last_ending: asyncio.Task[bool] | None = None
+        """The end of the newest transaction; each end waits for the one before."""
         self._stop_before_commit = stop_before_commit
         self._settings = settings
         self._timeout_s = settings.request_timeout_ms / 1000
         self._on_fenced = on_fenced
-        self._producer: Any = None
         self._queue: list[_Request] = []
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._failed = False
+        """A transaction failed or was fenced: no new one begins."""
         self._fenced = False
         self._stopping = False
         self.transactions = 0
@@ -137,8 +168,22 @@ class TransactionalWriter:
         return self._fenced
 
     async def start(self) -> None:
-        """Initialise the transactional id. Raises KafkaUnavailable, ProducerFenced."""
-        self._producer = await start_transactional_producer(self._settings, self.transactional_id)
+        """Initialise every transactional id. Raises KafkaUnavailable, ProducerFenced."""
+        started = await asyncio.gather(
+            *(
+                start_transactional_producer(self._settings, lane.transactional_id)
+                for lane in self._lanes
+            ),
+            return_exceptions=True,
+        )
+        failure = next((r for r in started if isinstance(r, BaseException)), None)
+        if failure is not None:
+            for producer in started:
+                if not isinstance(producer, BaseException):
+                    await _close(producer, self._timeout_s, "a lane of a writer that failed")
+            raise failure
+        for lane, producer in zip(self._lanes, started, strict=True):
+            lane.producer = producer
         self._loop_task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -150,8 +195,13 @@ class TransactionalWriter:
             if not done:
                 self._loop_task.cancel()
                 await asyncio.gather(self._loop_task, return_exceptions=True)
+        endings = {lane.ending for lane in self._lanes if lane.ending is not None}
+        for ending in endings:
+            ending.cancel()
+        await asyncio.gather(*endings, return_exceptions=True)
         self._fail_queued("the sidecar is shutting down")
-        await self._close_producer()
+        for lane in self._lanes:
+            await self._close_producer(lane)
 
     async def write(self, topic: str, records: Sequence[OutgoingKafkaRecord]) -> WriteResult:
         """Write ``records`` to ``topic`` in the next transaction; one outcome per record.
@@ -190,20 +240,24 @@ class TransactionalWriter:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            if self._queue:
-                group, self._queue = self._queue, []
-                group = await self._with_known_partitions(group)
-                if group:
-                    await self._transact(group)
-            if self._fenced:
+            if self._queue and not self._failed:
+                lane = self._lanes[self._next_lane]
+                if lane.ending is not None:
+                    await asyncio.wait({lane.ending})  # one transaction per id at a time
+                if self._queue and not self._failed:
+                    group, self._queue = self._queue, []
+                    group = await self._with_known_partitions(lane, group)
+                    if group:
+                        await self._append(lane, group)
+            if self._failed or (self._stopping and not self._queue):
+                if self._last_ending is not None:
+                    await asyncio.wait({self._last_ending})
                 self._fail_queued("the transactional producer was fenced")
-                return
-            if self._stopping and not self._queue:
                 return
             if self._queue:
                 self._wakeup.set()
 
-    async def _with_known_partitions(self, group: list[_Request]) -> list[_Request]:
+    async def _with_known_partitions(self, lane: _Lane, group: list[_Request]) -> list[_Request]:
         """The requests whose partitions the producer's metadata shows (a partition added
         moments ago shows at the next refresh); the others fail, not appended."""
         needed: dict[str, int] = {}
@@ -214,7 +268,7 @@ class TransactionalWriter:
         for topic, count in needed.items():
             try:
                 await await_partition_count(
-                    self._producer.client,
+                    lane.producer.client,
                     topic,
                     count,
                     self._timeout_s,
@@ -227,54 +281,95 @@ class TransactionalWriter:
                 request.fail(missing[request.topic], maybe_appended=False, settled=True)
         return [request for request in group if request.topic not in missing]
 
-    async def _transact(self, group: list[_Request]) -> None:
+    async def _append(self, lane: _Lane, group: list[_Request]) -> None:
+        """Begin a transaction on ``lane`` with ``group``'s records and wait until they are
+        appended; then leave its commit to a task of its own (``_end``)."""
         deliveries: list[list[Any]] = []
-        commit_requested = False
         try:
-            await self._producer.begin_transaction()
+            await lane.producer.begin_transaction()
             for request in group:
                 deliveries.append(
-                    [await enqueue(self._producer, request.topic, r) for r in request.records]
+                    [await enqueue(lane.producer, request.topic, r) for r in request.records]
                 )
-            if self.transactions + 1 == self._stop_before_commit:
-                await self._freeze(deliveries)
-            commit_requested = True
-            async with asyncio.timeout(self._timeout_s):
-                await self._producer.commit_transaction()
-        except Exception as exc:  # whatever it was, the transaction is in doubt
-            # If a batch was refused, the commit cannot go out and nothing of the
-            # transaction becomes visible; otherwise it may have (it is in doubt).
-            commit_sent = commit_requested and not any(
-                _holds_back_commit(d) for delivered in deliveries for d in delivered
-            )
-            for delivered in deliveries:
-                for delivery in delivered:
-                    if not isinstance(delivery, SendFailed):
-                        # Nobody reads these outcomes: keep asyncio from logging them.
-                        delivery.add_done_callback(_retrieve)
-            await self._transaction_failed(group, exc, commit_sent=commit_sent)
+            pending = [d for delivered in deliveries for d in delivered if not _refused(d)]
+            if pending:
+                async with asyncio.timeout(self._timeout_s):
+                    await asyncio.wait(pending)
+            failed = next((d for d in pending if _holds_back_commit(d)), None)
+            if failed is not None:
+                if failed.cancelled():
+                    raise KafkaUnavailable("a batch of the transaction was cancelled")
+                raise failed.exception()
+        except Exception as exc:  # whatever it was, the transaction cannot commit now
+            _retrieve_all(deliveries)
+            # The commit was never asked for: nothing of it can become visible.
+            await self._transaction_failed(lane, group, exc, commit_sent=False)
             return
+        previous = self._last_ending
+        lane.ending = self._last_ending = asyncio.create_task(
+            self._end(lane, group, deliveries, previous)
+        )
+        self._next_lane = (self._next_lane + 1) % len(self._lanes)
+
+    async def _end(
+        self,
+        lane: _Lane,
+        group: list[_Request],
+        deliveries: list[list[Any]],
+        previous: asyncio.Task[bool] | None,
+    ) -> bool:
+        """Commit the transaction once the previous one has committed; abort it if that
+        failed. True if it committed."""
+        if previous is not None:
+            await asyncio.wait({previous})
+            if previous.cancelled() or previous.exception() is not None or not previous.result():
+                await self._abort(lane, group)
+                return False
+        try:
+            if self.transactions + 1 == self._stop_before_commit:
+                await self._freeze()
+            async with asyncio.timeout(self._timeout_s):
+                await lane.producer.commit_transaction()
+        except Exception as exc:  # whatever it was, the transaction is in doubt
+            await self._transaction_failed(lane, group, exc, commit_sent=True)
+            return False
         self.transactions += 1
         for request, delivered in zip(group, deliveries, strict=True):
             request.settle([_outcome(d) for d in delivered])
+        return True
 
-    async def _freeze(self, deliveries: list[list[Any]]) -> None:
+    async def _abort(self, lane: _Lane, group: list[_Request]) -> None:
+        """End a transaction that must not commit (an earlier one failed): its records
+        were appended but never become visible."""
+        reason = "an earlier transaction of this sidecar failed"
+        for request in group:
+            request.fail(f"not committed: {reason}", maybe_appended=False, settled=False)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await lane.producer.abort_transaction()
+        except FENCED_ERRORS:
+            pass  # whoever fenced the id aborted the transaction before they answered
+        except Exception as exc:
+            _log.warning("aborting a transaction of %s failed: %s", lane.transactional_id, exc)
+            await self._reset(lane)
+        for request in group:
+            request.settle(request.answer.result())
+
+    async def _freeze(self) -> None:
         """Fault injection: stop this process as a long GC pause or a frozen VM would,
         with this transaction's records appended and its commit not sent."""
-        pending = {d for group in deliveries for d in group if not isinstance(d, SendFailed)}
-        if pending:
-            await asyncio.wait(pending, timeout=self._timeout_s)
-        _log.warning("fault injection: stopping before the commit of %s", self.transactional_id)
+        _log.warning("fault injection: stopping before the commit of %s", self.transactional_ids)
         os.kill(os.getpid(), signal.SIGSTOP)
 
     async def _transaction_failed(
-        self, group: list[_Request], exc: BaseException, *, commit_sent: bool
+        self, lane: _Lane, group: list[_Request], exc: BaseException, *, commit_sent: bool
     ) -> None:
+        self._failed = True  # begin nothing more; later transactions abort
         reason = str(exc) or type(exc).__name__
         if isinstance(exc, FENCED_ERRORS):
             # Whoever fenced us completed or aborted the transaction before their own
             # initialisation returned: settled, though a commit sent before may have won.
-            _log.warning("transactional id %s fenced: %s", self.transactional_id, reason)
+            _log.warning("transactional id %s fenced: %s", lane.transactional_id, reason)
             for request in group:
                 request.fail(
                     f"this sidecar's producer was fenced: {reason}",
@@ -284,38 +379,39 @@ class TransactionalWriter:
             self._mark_fenced()
             return
         # In doubt: answer now, and settle by re-initialising the id.
-        _log.warning("transaction of %s failed: %s", self.transactional_id, reason)
+        _log.warning("transaction of %s failed: %s", lane.transactional_id, reason)
         for request in group:
             request.fail(f"transaction failed: {reason}", maybe_appended=commit_sent, settled=False)
-        await self._reset()
+        await self._reset(lane)
         for request in group:
             request.settle(request.answer.result())
         # The re-initialisation may have undone a fence this process could not see (see
-        # the module's docstring): nothing more is written under this id.
-        _log.warning("%s settled a doubt: retired, to be replaced", self.transactional_id)
+        # the module's docstring): nothing more is written under these ids.
+        _log.warning("%s settled a doubt: retired, to be replaced", lane.transactional_id)
         self._mark_fenced()
 
-    async def _reset(self) -> None:
-        """Replace the producer by one under the same id: Kafka completes or aborts the open
-        transaction (and writes its markers) before it initialises the new one. Retried
-        until it works, the id turns out fenced, or the writer stops."""
-        await self._close_producer()
+    async def _reset(self, lane: _Lane) -> None:
+        """Replace the lane's producer by one under the same id: Kafka completes or aborts
+        the open transaction (and writes its markers) before it initialises the new one.
+        Retried until it works, the id turns out fenced, or the writer stops."""
+        await self._close_producer(lane)
         while True:
             try:
-                self._producer = await start_transactional_producer(
-                    self._settings, self.transactional_id
+                lane.producer = await start_transactional_producer(
+                    self._settings, lane.transactional_id
                 )
                 return
             except ProducerFenced:
                 self._mark_fenced()
                 return
             except KafkaUnavailable as exc:
-                _log.warning("re-initialising %s failed, retrying: %s", self.transactional_id, exc)
+                _log.warning("re-initialising %s failed, retrying: %s", lane.transactional_id, exc)
                 if self._stopping:
                     return
                 await asyncio.sleep(self._settings.reset_backoff_s)
 
     def _mark_fenced(self) -> None:
+        self._failed = True
         if not self._fenced:
             self._fenced = True
             self._on_fenced()
@@ -325,14 +421,30 @@ class TransactionalWriter:
         for request in queued:
             request.fail(message, maybe_appended=False, settled=True)
 
-    async def _close_producer(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is None:
-            return
-        try:
-            await asyncio.wait_for(producer.stop(), self._timeout_s)
-        except (KafkaError, TimeoutError) as exc:
-            _log.info("closing transactional producer %s: %s", self.transactional_id, exc)
+    async def _close_producer(self, lane: _Lane) -> None:
+        producer, lane.producer = lane.producer, None
+        if producer is not None:
+            await _close(producer, self._timeout_s, lane.transactional_id)
+
+
+async def _close(producer: Any, timeout_s: float, what: str) -> None:
+    try:
+        await asyncio.wait_for(producer.stop(), timeout_s)
+    except (KafkaError, TimeoutError) as exc:
+        _log.info("closing transactional producer %s: %s", what, exc)
+
+
+def _refused(delivery: Any) -> bool:
+    """Refused before it was queued: a SendFailed, with no batch to wait for."""
+    return isinstance(delivery, SendFailed)
+
+
+def _retrieve_all(deliveries: list[list[Any]]) -> None:
+    for delivered in deliveries:
+        for delivery in delivered:
+            if not _refused(delivery):
+                # Nobody reads these outcomes: keep asyncio from logging them.
+                delivery.add_done_callback(_retrieve)
 
 
 def _retrieve(delivery: asyncio.Future[Any]) -> None:
@@ -343,10 +455,11 @@ def _retrieve(delivery: asyncio.Future[Any]) -> None:
 def _holds_back_commit(delivery: Any) -> bool:
     """True if this send keeps its transaction from ever committing: its batch failed.
 
-    A batch still pending does not: once commit_transaction was called, aiokafka sends
+    A batch still pending does not, once commit_transaction was called: aiokafka sends
     the commit as soon as the pending batches are appended, also after the caller gave
     up waiting (seen: records of a commit that had timed out, answered "not written",
-    became visible past a boundary the sidecar had let pass meanwhile)."""
+    became visible past a boundary the sidecar had let pass meanwhile). So the writer
+    asks for a commit only after every batch of the transaction was appended."""
     if isinstance(delivery, SendFailed):
         return False  # refused before it was queued: no batch to wait for
     return bool(delivery.done() and (delivery.cancelled() or delivery.exception()))

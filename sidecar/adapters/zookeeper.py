@@ -4,7 +4,7 @@ Znodes, under a configurable root (default ``/ordered``); every value is UTF-8 J
 in the shapes of ``sidecar.core.serialization``::
 
     <root>/sidecars/<id>                     ephemeral: a live sidecar's info, with the
-                                             transactional id it writes with now
+                                             transactional ids it writes with now
     <root>/producers/<transactional id>      {"sidecar": id}: every transactional id a
                                              sidecar registered and has not retired; the
                                              ones no live sidecar names are fenced by the
@@ -51,7 +51,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -147,7 +147,7 @@ class MetadataStore:
         self._state = SessionState.LOST
         self._state_events_seen = False
         self._listeners: list[Callable[[SessionState], None]] = []
-        self._registrations: dict[str, tuple[bytes, TransactionalId | None]] = {}
+        self._registrations: dict[str, tuple[bytes, tuple[TransactionalId, ...]]] = {}
         self._reregister_needed = False
         self._held_locks: dict[str, int] = {}
         """Topic -> czxid of the lock node this store holds."""
@@ -217,8 +217,8 @@ class MetadataStore:
         # The expired session took the ephemeral registrations with it.
         while self._state is SessionState.CONNECTED and not self._stopped:
             try:
-                for sidecar_id, (data, transactional_id) in list(self._registrations.items()):
-                    await self._run(self._register, sidecar_id, data, transactional_id)
+                for sidecar_id, (data, transactional_ids) in list(self._registrations.items()):
+                    await self._run(self._register, sidecar_id, data, transactional_ids)
             except MetadataUnavailable:
                 log.warning("re-registration failed; retrying", exc_info=True)
                 await asyncio.sleep(0.2)
@@ -234,28 +234,34 @@ class MetadataStore:
         self,
         sidecar_id: str,
         info: dict[str, Any],
-        transactional_id: TransactionalId | None = None,
+        transactional_ids: Sequence[TransactionalId] = (),
     ) -> None:
-        """Register a live sidecar (ephemeral; re-created after an expired session) and,
-        with ``transactional_id``, the producer it writes with (persistent, until fenced
-        or retired), in one transaction. Registering again replaces the info."""
-        self.prepare_registration(sidecar_id, info, transactional_id)
-        data, _ = self._registrations[sidecar_id]
-        await self._run(self._register, sidecar_id, data, transactional_id)
+        """Register a live sidecar (ephemeral; re-created after an expired session) and
+        the ``transactional_ids`` it writes with (persistent, until fenced or retired),
+        in one transaction. Registering again replaces the info."""
+        self.prepare_registration(sidecar_id, info, transactional_ids)
+        data, ids = self._registrations[sidecar_id]
+        await self._run(self._register, sidecar_id, data, ids)
 
     def prepare_registration(
-        self, sidecar_id: str, info: dict[str, Any], transactional_id: TransactionalId | None
+        self, sidecar_id: str, info: dict[str, Any], transactional_ids: Sequence[TransactionalId]
     ) -> None:
         """What to register for ``sidecar_id`` once a new session is up (no IO now)."""
         # Refused now, not at every re-registration after a new session.
         self._sidecar_path(sidecar_id)
-        if transactional_id is not None:
+        ids = tuple(transactional_ids)
+        for transactional_id in ids:
             self._producer_path(transactional_id)
-        data = _encode(info | {"transactional_id": transactional_id})
-        self._registrations[sidecar_id] = (data, transactional_id)
+        # ``transactional_id`` (the first) is what sidecars from before lanes read: a
+        # coordinator of theirs fences the other lanes, which costs a new incarnation,
+        # never a write across a barrier.
+        data = _encode(
+            info | {"transactional_ids": list(ids), "transactional_id": ids[0] if ids else None}
+        )
+        self._registrations[sidecar_id] = (data, ids)
 
     def _register(
-        self, sidecar_id: str, data: bytes, transactional_id: TransactionalId | None
+        self, sidecar_id: str, data: bytes, transactional_ids: tuple[TransactionalId, ...]
     ) -> None:
         path = self._sidecar_path(sidecar_id)
         for _ in range(self._transaction_attempts):
@@ -268,7 +274,7 @@ class MetadataStore:
                     # Left by an older session of ours that the server has not expired yet.
                     transaction.delete(path, version=stat.version)
                 transaction.create(path, data, ephemeral=True)
-            if transactional_id is not None:
+            for transactional_id in transactional_ids:
                 producer = self._producer_path(transactional_id)
                 if self._client.exists(producer) is None:
                     transaction.create(producer, _encode({"sidecar": sidecar_id}))
@@ -294,8 +300,13 @@ class MetadataStore:
             # A listed child is a node already: read it whatever rule named it, as a
             # registration a live sidecar made before ids were checked must count.
             raw = self._get_json(f"{self._root}/sidecars/{child}")
-            if isinstance(raw, dict) and isinstance(raw.get("transactional_id"), str):
+            if not isinstance(raw, dict):
+                continue
+            if isinstance(raw.get("transactional_id"), str):
                 owned.add(TransactionalId(raw["transactional_id"]))
+            if isinstance(raw.get("transactional_ids"), list):
+                ids = raw["transactional_ids"]
+                owned.update(TransactionalId(i) for i in ids if isinstance(i, str))
         return frozenset(owned)
 
     async def forget_producers(self, transactional_ids: tuple[TransactionalId, ...]) -> None:

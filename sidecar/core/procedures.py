@@ -63,6 +63,19 @@ from sidecar.core.generations import Boundary, Generation, GenerationLog
 SidecarId = NewType("SidecarId", str)
 TransactionalId = NewType("TransactionalId", str)
 
+
+def incarnation_ids(
+    client_id: str, sidecar_id: str, incarnation: int, lanes: int
+) -> tuple[TransactionalId, ...]:
+    """The transactional ids one incarnation of a sidecar writes with, one per lane.
+
+    The first is ``<client id>.<sidecar id>.<incarnation>``; the others add ``~<lane>``.
+    A sidecar id never holds ``~`` (``core.names``), so no two sidecars or incarnations
+    share an id, whatever dots their names hold."""
+    base = f"{client_id}.{sidecar_id}.{incarnation}"
+    return tuple(TransactionalId(base if lane == 0 else f"{base}~{lane}") for lane in range(lanes))
+
+
 MAX_PARTITION_COUNT = 10_000
 """Refuse absurd targets early; Kafka itself allows more but no test or app here needs it."""
 

@@ -11,12 +11,12 @@ disagree.
 The produce service (``sidecar.service.produce``) and the consume path read the
 runtimes kept here; a produce is admitted only when its topic's participant says so.
 
-Managed topics are written through a transactional producer (DESIGN §5, fencing)
-whose transactional id is registered with this sidecar's ZooKeeper registration: a
-coordinator fences every registered id no live sidecar names before it reads a
-change's boundaries. Each new session, and each time the producer turns out fenced,
-the sidecar takes a new id (an *incarnation*): it registers it, initialises it, and
-re-reads the metadata before it writes again.
+Managed topics are written through transactional producers (DESIGN §5, fencing)
+whose transactional ids (one per lane) are registered with this sidecar's ZooKeeper
+registration: a coordinator fences every registered id no live sidecar names before it
+reads a change's boundaries. Each new session, and each time the writer turns out
+fenced, the sidecar takes new ids (an *incarnation*): it registers them, initialises
+them, and re-reads the metadata before it writes again.
 """
 
 from __future__ import annotations
@@ -41,7 +41,12 @@ from sidecar.core.errors import (
     UnknownTopic,
 )
 from sidecar.core.generations import assignable_partitions
-from sidecar.core.procedures import Participant, SessionState, TransactionalId
+from sidecar.core.procedures import (
+    Participant,
+    SessionState,
+    TransactionalId,
+    incarnation_ids,
+)
 from sidecar.core.topics import TopicState
 from sidecar.metrics import SidecarMetrics
 
@@ -92,8 +97,8 @@ class TopicRegistry:
         self.writer: TransactionalWriter | None = None
         """Writes managed topics; None while it is being replaced."""
         self._incarnation = 0
-        self._registered: TransactionalId | None = None
-        """The transactional id this sidecar's registration names (or will, once the
+        self._registered: tuple[TransactionalId, ...] = ()
+        """The transactional ids this sidecar's registration names (or will, once the
         store has registered again after a lost session)."""
         self._retired: set[TransactionalId] = set()
         """Ids of writers closed cleanly, to drop from the registry once ZooKeeper answers."""
@@ -112,13 +117,13 @@ class TopicRegistry:
         self.metrics.zookeeper_connected.set(
             1 if self.store.session_state is SessionState.CONNECTED else 0
         )
-        transactional_id = self.transactional_id
+        transactional_ids = self.transactional_ids
         await self.store.register_sidecar(
-            self.sidecar_id, self._registration_info(), transactional_id
+            self.sidecar_id, self._registration_info(), transactional_ids
         )
-        self._registered = transactional_id
+        self._registered = transactional_ids
         try:
-            self.writer = await self._start_writer(transactional_id)
+            self.writer = await self._start_writer(transactional_ids)
         except (KafkaUnavailable, ProducerFenced) as exc:
             # Kafka's transaction coordinator can take a while (a broker just restarted, a
             # loaded cluster): the sidecar starts, not ready and holding managed produces,
@@ -145,7 +150,7 @@ class TopicRegistry:
         if writer is not None:
             await writer.stop()  # commits what is queued
             if not writer.fenced:
-                self._retired.add(TransactionalId(writer.transactional_id))
+                self._retired.update(map(TransactionalId, writer.transactional_ids))
         await self._forget_retired()
         await self.audit.stop()
         # The gateway flushes in-flight sends before it closes.
@@ -173,10 +178,12 @@ class TopicRegistry:
         return self.store.session_state
 
     @property
-    def transactional_id(self) -> TransactionalId:
-        """The id of this incarnation's transactional producer."""
-        prefix = self.settings.kafka.client_id
-        return TransactionalId(f"{prefix}.{self.sidecar_id}.{self._incarnation}")
+    def transactional_ids(self) -> tuple[TransactionalId, ...]:
+        """The ids of this incarnation's transactional producers, one per lane."""
+        kafka = self.settings.kafka
+        return incarnation_ids(
+            kafka.client_id, self.sidecar_id, self._incarnation, kafka.transaction_lanes
+        )
 
     def _registration_info(self) -> dict[str, object]:
         return {
@@ -185,10 +192,12 @@ class TopicRegistry:
             "incarnation": self._incarnation,
         }
 
-    async def _start_writer(self, transactional_id: TransactionalId) -> TransactionalWriter:
+    async def _start_writer(
+        self, transactional_ids: tuple[TransactionalId, ...]
+    ) -> TransactionalWriter:
         writer = TransactionalWriter(
             self.settings.kafka,
-            transactional_id,
+            transactional_ids,
             on_fenced=self._on_writer_fenced,
             # The fault stops the process once, in its first incarnation.
             stop_before_commit=self.settings.faults.stop_before_commit
@@ -322,7 +331,7 @@ class TopicRegistry:
             # A coordinator may fence this incarnation's id any time from now on: the next
             # session registers a new one (the store registers it before telling us).
             self._incarnation += 1
-            self._registered = self.transactional_id
+            self._registered = self.transactional_ids
             self.store.prepare_registration(
                 self.sidecar_id, self._registration_info(), self._registered
             )
@@ -349,7 +358,7 @@ class TopicRegistry:
         # that nothing can be written with its id, which may leave the registry.
         await writer.stop()
         if not writer.fenced:
-            self._retired.add(TransactionalId(writer.transactional_id))
+            self._retired.update(map(TransactionalId, writer.transactional_ids))
 
     async def _recover(self) -> None:
         """After a reconnect or a fence: a writer under a registered transactional id,
@@ -373,14 +382,14 @@ class TopicRegistry:
         if self.writer is not None:
             self._retire_writer()  # fenced: its id was dropped by whoever fenced it
             self._incarnation += 1
-        transactional_id = self.transactional_id
-        if self._registered != transactional_id:
+        transactional_ids = self.transactional_ids
+        if self._registered != transactional_ids:
             await self.store.register_sidecar(
-                self.sidecar_id, self._registration_info(), transactional_id
+                self.sidecar_id, self._registration_info(), transactional_ids
             )
-            self._registered = transactional_id
+            self._registered = transactional_ids
         try:
-            self.writer = await self._start_writer(transactional_id)
+            self.writer = await self._start_writer(transactional_ids)
         except ProducerFenced:
             # A coordinator fenced the id between its registration and now (and dropped
             # it from the registry): writing with it would go unfenced. Take a new one.

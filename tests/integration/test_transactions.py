@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.errors import ProducerFenced as KafkaProducerFenced
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
@@ -58,7 +59,7 @@ async def test_concurrent_writes_share_transactions_and_keep_their_order(
     cluster: ClusterEndpoints, gateway: KafkaGateway
 ) -> None:
     topic = await _topic(gateway, cluster)
-    writer = TransactionalWriter(_settings(cluster), f"test-{uuid.uuid4().hex[:8]}")
+    writer = TransactionalWriter(_settings(cluster), [f"test-{uuid.uuid4().hex[:8]}"])
     await writer.start()
     try:
         results = await asyncio.gather(
@@ -85,6 +86,93 @@ async def test_concurrent_writes_share_transactions_and_keep_their_order(
     assert end == last + 2, "the reads above waited for the stable offset to reach the end"
 
 
+async def test_transactions_taking_turns_over_lanes_keep_the_order_of_admission(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    """With several transactional ids, a transaction is appended while the one before it
+    commits; within a partition the offsets still follow the order the writes came in."""
+    topic = await _topic(gateway, cluster)
+    base = f"lanes-{uuid.uuid4().hex[:8]}"
+    writer = TransactionalWriter(_settings(cluster), [f"{base}~{lane}" for lane in range(3)])
+    await writer.start()
+    try:
+        # One at a time: each transaction on the next lane, twice round.
+        alone = [await writer.write(topic, [_record(0, b"alone-%d" % i)]) for i in range(6)]
+        # Many in flight, coming in over time: they take many transactions, each appended
+        # while the one before commits.
+        writes = []
+        for i in range(300):
+            writes.append(
+                asyncio.create_task(writer.write(topic, [_record(i % 2, b"many-%d" % i)]))
+            )
+            await asyncio.sleep(0.001)
+        many = await asyncio.gather(*writes)
+    finally:
+        await writer.stop()
+    outcomes = [result.outcomes[0] for result in (*alone, *many)]
+    assert all(isinstance(outcome, SentRecord) for outcome in outcomes), outcomes
+    assert writer.transactions > 6 + 10
+    for partition in (0, 1):
+        offsets = [
+            o.offset for o in outcomes if isinstance(o, SentRecord) and o.partition == partition
+        ]
+        assert offsets == sorted(offsets), f"partition {partition}: offsets out of admission order"
+    assert await _read_committed(cluster, topic, 0) == [b"alone-%d" % i for i in range(6)] + [
+        b"many-%d" % i for i in range(0, 300, 2)
+    ]
+    assert await _read_committed(cluster, topic, 1) == [b"many-%d" % i for i in range(1, 300, 2)]
+
+
+async def test_a_failed_commit_aborts_the_transaction_appended_after_it(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    """The next transaction, appended on another lane while one commits, must not commit if
+    that one fails: a record acknowledged after one that was not could be overtaken by
+    the retry of the earlier one. It is aborted, and the writer retires."""
+    topic = await _topic(gateway, cluster)
+    retired: list[str] = []
+    base = f"abort-{uuid.uuid4().hex[:8]}"
+    settings = KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=5_000)
+    writer = TransactionalWriter(
+        settings, [base, f"{base}~1"], on_fenced=lambda: retired.append("retired")
+    )
+    await writer.start()
+    try:
+        assert (await writer.write(topic, [_record(1, b"before")])).outcomes == [SentRecord(1, 0)]
+        # The next transaction goes to the second lane: its commit is cut off.
+        producer = writer._lanes[1].producer
+        commit_begun = asyncio.Event()
+
+        async def commit_cut_off() -> None:
+            commit_begun.set()
+            await asyncio.sleep(1.0)
+            raise KafkaConnectionError("cut off")
+
+        producer.commit_transaction = commit_cut_off
+        first = asyncio.create_task(writer.write(topic, [_record(1, b"first")]))
+        await asyncio.wait_for(commit_begun.wait(), 10)
+        # Appended on the first lane while the second commits, then aborted.
+        second = await writer.write(topic, [_record(1, b"second")])
+        first_result = await first
+        [failed_first] = first_result.outcomes
+        [failed_second] = second.outcomes
+        assert isinstance(failed_first, SendFailed), failed_first
+        assert failed_first.maybe_appended  # the commit may have gone out
+        assert isinstance(failed_second, SendFailed), failed_second
+        assert (failed_second.maybe_appended, failed_second.retriable) == (False, True)
+        for result in (first_result, second):
+            await asyncio.wait_for(result.final, 20)
+        assert (writer.fenced, retired) == (True, ["retired"])
+        [later] = (await writer.write(topic, [_record(1, b"later")])).outcomes
+        assert isinstance(later, SendFailed)
+        assert not later.maybe_appended
+    finally:
+        await writer.stop()
+    # Neither became visible: the first was aborted when its id was re-initialised, the
+    # second by the writer.
+    assert await _read_committed(cluster, topic, 1) == [b"before"]
+
+
 async def test_a_fenced_writer_fails_closed_and_writes_nothing_more(
     cluster: ClusterEndpoints, gateway: KafkaGateway
 ) -> None:
@@ -92,7 +180,7 @@ async def test_a_fenced_writer_fails_closed_and_writes_nothing_more(
     fenced: list[str] = []
     transactional_id = f"test-{uuid.uuid4().hex[:8]}"
     writer = TransactionalWriter(
-        _settings(cluster), transactional_id, on_fenced=lambda: fenced.append("fenced")
+        _settings(cluster), [transactional_id], on_fenced=lambda: fenced.append("fenced")
     )
     await writer.start()
     try:
@@ -126,20 +214,21 @@ async def test_a_writer_that_settled_a_doubt_writes_nothing_more(
     transactional_id = f"paused-{uuid.uuid4().hex[:8]}"
     settings = KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=3_000)
     writer = TransactionalWriter(
-        settings, transactional_id, on_fenced=lambda: retired.append("retired")
+        settings, [transactional_id], on_fenced=lambda: retired.append("retired")
     )
     await writer.start()
     try:
         first = await writer.write(topic, [_record(1, b"before")])
         assert first.outcomes == [SentRecord(1, 0)]
-        # The coordinator fences the id while this process is stopped ...
-        await gateway.fence_producer(transactional_id)
-        # ... and the commit it was making answers only after its timeout, as a commit
-        # begun just before a pause does once the process runs again.
-        producer = writer._producer
+        producer = writer._lanes[0].producer
         commit = producer.commit_transaction
 
         async def commit_after_the_pause() -> None:
+            # The records are appended and the commit begun when the process stops; the
+            # coordinator fences the id meanwhile ...
+            await gateway.fence_producer(transactional_id)
+            # ... and the commit answers only after its timeout, as a commit begun just
+            # before a pause does once the process runs again.
             await asyncio.sleep(4.0)
             await commit()
 
@@ -168,7 +257,7 @@ async def test_the_fence_aborts_an_open_transaction_and_the_stable_offset_passes
     topic = await _topic(gateway, cluster)
     transactional_id = f"zombie-{uuid.uuid4().hex[:8]}"
     settings = _settings(cluster)
-    committed = TransactionalWriter(settings, f"live-{uuid.uuid4().hex[:8]}")
+    committed = TransactionalWriter(settings, [f"live-{uuid.uuid4().hex[:8]}"])
     await committed.start()
     zombie = AIOKafkaProducer(
         bootstrap_servers=cluster.kafka_bootstrap, transactional_id=transactional_id

@@ -24,6 +24,7 @@ from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.config import KafkaSettings
 from sidecar.core.routing import partition_for_key
 from tests.support.sidecars import (
     SidecarProcess,
@@ -84,15 +85,15 @@ async def test_a_zombie_sidecar_is_fenced_and_recovers(cluster: ClusterEndpoints
 
             await eventually(zombie_gone, 30, "the zombie's session expires")
             registered = await store.registered_producers()
-            assert any(p.startswith(f"ordered-sidecar.{zombie.id}.") for p in registered)
+            # One id per lane, all of them registered.
+            zombie_ids = {p for p in registered if p.startswith(f"ordered-sidecar.{zombie.id}.")}
+            assert len(zombie_ids) == KafkaSettings().transaction_lanes, registered
         finally:
             await store.stop()
         began = time.monotonic()
         operation = await live.change_count(topic, 3)
         assert operation["phase"] == "done", operation
-        assert any(
-            fenced.startswith(f"ordered-sidecar.{zombie.id}.") for fenced in operation["fenced"]
-        )
+        assert zombie_ids <= set(operation["fenced"]), operation
         changed_in = time.monotonic() - began
 
         # Resumed: everything it held answers, with an error or a correct placement.

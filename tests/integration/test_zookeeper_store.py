@@ -159,7 +159,7 @@ async def test_no_path_is_built_from_a_name_that_is_not_valid(
         store.publish_barrier(bad_topic, PendingBarrier(1, 2)),
         store.ack_barrier("orders", 1, "../sidecar", {}),
         store.register_sidecar("..", {}),
-        store.register_sidecar("s", {}, TransactionalId("a/b")),
+        store.register_sidecar("s", {}, (TransactionalId("a/b"),)),
         store.register_group(bad_group),
         store.add_wait(bad_group, "orders", 0, 5, "i"),
         store.add_wait("g", bad_topic, 0, 5, "i"),
@@ -319,6 +319,22 @@ async def test_live_sidecars(cluster: ClusterEndpoints, root: str, store: Metada
         await other.register_sidecar("b", {"http_port": 2})
         assert await store.live_sidecars() == {"a", "b"}
     assert await store.live_sidecars() == {"a"}
+
+
+async def test_every_lane_of_a_registration_is_registered_and_counts_as_live(
+    cluster: ClusterEndpoints, root: str, store: MetadataStore
+) -> None:
+    """A coordinator fences the registered ids no live registration names: every lane's id
+    must be named, or a live sidecar's lanes would be taken for a zombie's."""
+    lanes = (TransactionalId("c.a.0"), TransactionalId("c.a.0~1"), TransactionalId("c.a.0~2"))
+    await store.register_sidecar("a", {"http_port": 1}, lanes)
+    async with _started(cluster, root) as other:
+        # One lane: one id.
+        await other.register_sidecar("b", {"http_port": 2}, (TransactionalId("c.b.0"),))
+        assert await store.registered_producers() == {*lanes, "c.b.0"}
+        assert await store.live_producers() == {*lanes, "c.b.0"}
+    assert await store.live_producers() == set(lanes)
+    assert await store.registered_producers() == {*lanes, "c.b.0"}
 
 
 async def test_lock_contention(cluster: ClusterEndpoints, root: str, store: MetadataStore) -> None:

@@ -140,6 +140,8 @@ def test_the_default_timing_keeps_the_zombie_argument() -> None:
         ({"ORDERED_SIDECAR__CONSUMER__BUFFER_LIMIT": "0"}, "consumer.buffer_limit"),
         ({"ORDERED_SIDECAR__CHANGES__ACTION_RETRY_S": "0"}, "changes.action_retry_s"),
         ({"ORDERED_SIDECAR__AUDIT__BATCH_SIZE": "-1"}, "audit.batch_size"),
+        ({"ORDERED_SIDECAR__KAFKA__TRANSACTION_LANES": "0"}, "kafka.transaction_lanes"),
+        ({"ORDERED_SIDECAR__KAFKA__TRANSACTION_LANES": "9"}, "kafka.transaction_lanes"),
     ],
 )
 def test_related_and_out_of_range_tunables_are_refused(environ: dict[str, str], named: str) -> None:

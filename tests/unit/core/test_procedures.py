@@ -56,6 +56,7 @@ from sidecar.core.procedures import (
     StableOffsets,
     TransactionalId,
     UnexpectedObservation,
+    incarnation_ids,
     plan_change,
     resume,
     step,
@@ -636,3 +637,28 @@ def test_a_zombie_is_refused_only_because_it_was_fenced(fencing: bool) -> None:
         assert (world.refused, landed) == (1, [])
     else:
         assert (world.refused, landed) == (0, [(1, 0)])
+
+
+_SIDECAR_IDS = st.from_regex(r"[A-Za-z0-9._-]{1,12}", fullmatch=True).filter(
+    lambda name: name not in (".", "..")
+)
+
+
+@given(
+    st.lists(
+        st.tuples(_SIDECAR_IDS, st.integers(0, 200), st.integers(1, 8)), min_size=2, max_size=6
+    )
+)
+def test_no_two_incarnations_or_lanes_share_a_transactional_id(
+    incarnations: list[tuple[str, int, int]],
+) -> None:
+    """Ids are fenced by name: two sidecars (or two incarnations of one) sharing an id
+    would fence each other, whatever dots their ids hold."""
+    seen: dict[TransactionalId, tuple[str, int, int]] = {}
+    for sidecar, incarnation, lanes in set(incarnations):
+        ids = incarnation_ids("ordered-sidecar", sidecar, incarnation, lanes)
+        assert len(ids) == lanes
+        assert ids[0] == f"ordered-sidecar.{sidecar}.{incarnation}"  # as before lanes
+        for lane, transactional_id in enumerate(ids):
+            owner = seen.setdefault(transactional_id, (sidecar, incarnation, lane))
+            assert owner == (sidecar, incarnation, lane), transactional_id
