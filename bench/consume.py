@@ -19,6 +19,12 @@ a fresh consumer group:
 * **sidecar, unmanaged topic**: one REST instance reading the plain topic, which the
   sidecar passes through without gating: the sidecar's own pass-through cost, against
   which the ordered path is judged (managed / unmanaged).
+* **sidecar, unmanaged topic of managed-like records**: the same, reading a third topic
+  the sidecar does not manage, written directly in transactions of ``ALIKE_TRANSACTION``
+  records that each carry the four ``ordered.*`` headers a managed record carries. Its
+  records cost what a managed topic's cost to fetch, decode and encode, without the
+  gate: managed / this row is what the ordered path itself costs, and this row /
+  unmanaged what the records' headers and transactions cost.
 
 Each run starts once the group has its assignment (the join is not timed) and ends
 when the last record has arrived; records/s is the record count over that time. The
@@ -56,11 +62,15 @@ from bench.machine import CpuMeter, CpuShares, cluster_pids, cores, delete_root,
 from bench.produce import Sidecar
 from bench.report import markdown_table, measure_and_write
 from ordered_dev.devcluster.provider import provide_cluster
+from sidecar.core.placement import sidecar_headers
 
 PARTITIONS = 6
 KEY_BYTES = 16
 FILL_BATCH = 500
 FILL_CONNECTIONS = 4
+ALIKE_TRANSACTION = 1_000
+"""Records per transaction in the managed-like topic: about what the sidecar commits at
+once while it is being filled (4 connections x 500-record requests)."""
 RUN_TIMEOUT_S = 120.0
 
 
@@ -77,10 +87,12 @@ QUICK = Plan(sizes=(100, 1024), records={100: 20_000, 1024: 10_000}, rounds=1, m
 
 DIRECT, SIDECAR_ONE, SIDECAR_TWO = "direct", "sidecar-1", "sidecar-2"
 UNMANAGED = "sidecar-unmanaged"
-PATHS = (DIRECT, UNMANAGED, SIDECAR_ONE, SIDECAR_TWO)
+ALIKE = "sidecar-unmanaged-alike"
+PATHS = (DIRECT, UNMANAGED, ALIKE, SIDECAR_ONE, SIDECAR_TWO)
 LABELS = {
     DIRECT: "direct AIOKafkaConsumer, 1 member",
     UNMANAGED: "sidecar, 1 REST instance, unmanaged topic",
+    ALIKE: "sidecar, 1 REST instance, unmanaged topic of managed-like records",
     SIDECAR_ONE: "sidecar, 1 REST instance",
     SIDECAR_TWO: "sidecar, 2 REST instances (one sidecar)",
 }
@@ -121,6 +133,25 @@ async def fill_direct(bootstrap: str, topic: str, records: Sequence[tuple[bytes,
                 await asyncio.gather(*futures)
                 futures.clear()
         await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def fill_alike(bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
+    """Write ``records`` as the sidecar would, without the sidecar: in transactions, each
+    record with the four ``ordered.*`` headers."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, transactional_id=f"bench-alike-{uuid.uuid4().hex[:8]}"
+    )
+    await producer.start()
+    try:
+        for start in range(0, len(records), ALIKE_TRANSACTION):
+            async with producer.transaction():
+                for sequence, (key, value) in enumerate(
+                    records[start : start + ALIKE_TRANSACTION], start
+                ):
+                    headers = sidecar_headers(1, PARTITIONS, "bench-alike", sequence)
+                    await producer.send(topic, value=value, key=key, headers=headers)
     finally:
         await producer.stop()
 
@@ -280,17 +311,22 @@ async def run(plan: Plan, profile: Path | None, log: IO[bytes]) -> tuple[list[Si
                 for size in plan.sizes:
                     count = plan.records[size]
                     plain = f"bench-consume-direct-{size}-{suffix}"
+                    alike = f"bench-consume-alike-{size}-{suffix}"
                     managed = f"bench-consume-sidecar-{size}-{suffix}"
                     await admin.create_topics(
-                        [NewTopic(plain, PARTITIONS, cluster.replication_factor)]
+                        [
+                            NewTopic(plain, PARTITIONS, cluster.replication_factor),
+                            NewTopic(alike, PARTITIONS, cluster.replication_factor),
+                        ]
                     )
-                    created.append(plain)
+                    created += [plain, alike]
                     await create_topic(sidecar, managed, PARTITIONS, cluster.replication_factor)
                     created.append(managed)
                     records = make_records(size, count)
-                    print(f"{size} B: filling both topics with {count:,} records", flush=True)
+                    print(f"{size} B: filling the topics with {count:,} records", flush=True)
                     began = time.monotonic()
                     await fill_direct(cluster.kafka_bootstrap, plain, records)
+                    await fill_alike(cluster.kafka_bootstrap, alike, records)
                     await fill_sidecar(sidecar, managed, records)
                     print(f"  filled in {time.monotonic() - began:.0f} s", flush=True)
                     result = SizeResult(size, count)
@@ -306,7 +342,7 @@ async def run(plan: Plan, profile: Path | None, log: IO[bytes]) -> tuple[list[Si
                                 )
                             else:
                                 instances = 2 if path == SIDECAR_TWO else 1
-                                topic = plain if path == UNMANAGED else managed
+                                topic = {UNMANAGED: plain, ALIKE: alike}.get(path, managed)
                                 name = f"{path}-{size}B-{round_index}"
                                 async with profiled({name: sidecar.pid}, profile):
                                     read = await read_sidecar(
@@ -356,6 +392,8 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
             [
                 f"{result.size} B",
                 _ratio(runs[SIDECAR_ONE], runs[UNMANAGED]),
+                _ratio(runs[SIDECAR_ONE], runs[ALIKE]),
+                _ratio(runs[ALIKE], runs[UNMANAGED]),
                 _ratio(runs[UNMANAGED], runs[DIRECT]),
                 _ratio(runs[SIDECAR_ONE], runs[DIRECT]),
                 _ratio(runs[SIDECAR_TWO], runs[DIRECT]),
@@ -387,6 +425,8 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
             [
                 "record size",
                 "managed / unmanaged (sidecar, 1 instance)",
+                "managed / unmanaged of managed-like records (the gate)",
+                "unmanaged of managed-like records / unmanaged (headers, transactions)",
                 "unmanaged (sidecar) / direct",
                 "sidecar 1 instance / direct",
                 "sidecar 2 instances / direct",
