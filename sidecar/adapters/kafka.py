@@ -18,6 +18,7 @@ about a topic would create it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -748,25 +749,29 @@ async def await_partition_count(
     """
     client.add_topic(topic)
     deadline = time.monotonic() + timeout
-    while len(client.cluster.partitions_for_topic(topic) or ()) < count:
+
+    def shown() -> bool:
+        return len(client.cluster.partitions_for_topic(topic) or ()) >= count
+
+    while not shown():
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise KafkaUnavailable(f"the metadata does not show {count} partitions of {topic}")
-        await _refresh(client, remaining, backoff_s)
+        await _refresh(client, remaining)
+        if not shown():
+            # Kafka's metadata lags the controller for a moment after a change.
+            await asyncio.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
 
 
 def _partitions(topic: str, count: int) -> list[Any]:
     return [TopicPartition(topic, partition) for partition in range(count)]
 
 
-async def _refresh(client: Any, within: float, backoff_s: float) -> None:
+async def _refresh(client: Any, within: float) -> None:
     # force_metadata_update returns a shielded future: giving up does not cancel the
     # update, which other waiters may share.
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(client.force_metadata_update(), within)
-    except TimeoutError:
-        return
-    await asyncio.sleep(backoff_s)
 
 
 def _discard_outcome(delivery: asyncio.Future[Any]) -> None:

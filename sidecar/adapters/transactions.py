@@ -246,7 +246,7 @@ class TransactionalWriter:
                     await asyncio.wait({lane.ending})  # one transaction per id at a time
                 if self._queue and not self._failed:
                     group, self._queue = self._queue, []
-                    group = await self._with_known_partitions(lane, group)
+                    group = await self._with_known_partitions(group)
                     if group:
                         await self._append(lane, group)
             if self._failed or (self._stopping and not self._queue):
@@ -257,25 +257,35 @@ class TransactionalWriter:
             if self._queue:
                 self._wakeup.set()
 
-    async def _with_known_partitions(self, lane: _Lane, group: list[_Request]) -> list[_Request]:
-        """The requests whose partitions the producer's metadata shows (a partition added
-        moments ago shows at the next refresh); the others fail, not appended."""
+    async def _with_known_partitions(self, group: list[_Request]) -> list[_Request]:
+        """The requests whose partitions the producers' metadata shows (a partition added
+        moments ago shows at the next refresh); the others fail, not appended.
+
+        Every lane is asked, not only the one about to write: each producer has metadata
+        of its own, and refreshing them together makes the next lanes' first transactions
+        after an expansion wait for nothing."""
         needed: dict[str, int] = {}
         for request in group:
             for record in request.records:
                 needed[request.topic] = max(needed.get(request.topic, 0), record.partition + 1)
         missing: dict[str, str] = {}
         for topic, count in needed.items():
-            try:
-                await await_partition_count(
+            waits = [
+                await_partition_count(
                     lane.producer.client,
                     topic,
                     count,
                     self._timeout_s,
                     backoff_s=self._settings.retry_backoff_s,
                 )
-            except KafkaUnavailable as exc:
-                missing[topic] = exc.message
+                for lane in self._lanes
+                if lane.producer is not None
+            ]
+            for outcome in await asyncio.gather(*waits, return_exceptions=True):
+                if isinstance(outcome, KafkaUnavailable):
+                    missing[topic] = outcome.message
+                elif isinstance(outcome, BaseException):
+                    raise outcome
         for request in group:
             if request.topic in missing:
                 request.fail(missing[request.topic], maybe_appended=False, settled=True)
