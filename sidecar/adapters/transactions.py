@@ -301,15 +301,19 @@ class TransactionalWriter:
                 deliveries.append(
                     [await enqueue(lane.producer, request.topic, r) for r in request.records]
                 )
+            # The commit is asked for only once every batch is appended: aiokafka sends a
+            # requested commit as soon as the pending batches are appended, also after the
+            # caller gave up waiting (seen: records of a commit that had timed out,
+            # answered "not written", became visible past a boundary let pass meanwhile).
             pending = [d for delivered in deliveries for d in delivered if not _refused(d)]
             if pending:
                 async with asyncio.timeout(self._timeout_s):
                     await asyncio.wait(pending)
-            failed = next((d for d in pending if _holds_back_commit(d)), None)
-            if failed is not None:
-                if failed.cancelled():
+            for delivery in pending:  # all done: a failed batch keeps the commit from going out
+                if delivery.cancelled():
                     raise KafkaUnavailable("a batch of the transaction was cancelled")
-                raise failed.exception()
+                if (failure := delivery.exception()) is not None:
+                    raise failure
         except Exception as exc:  # whatever it was, the transaction cannot commit now
             _retrieve_all(deliveries)
             # The commit was never asked for: nothing of it can become visible.
@@ -460,19 +464,6 @@ def _retrieve_all(deliveries: list[list[Any]]) -> None:
 def _retrieve(delivery: asyncio.Future[Any]) -> None:
     if not delivery.cancelled():
         delivery.exception()
-
-
-def _holds_back_commit(delivery: Any) -> bool:
-    """True if this send keeps its transaction from ever committing: its batch failed.
-
-    A batch still pending does not, once commit_transaction was called: aiokafka sends
-    the commit as soon as the pending batches are appended, also after the caller gave
-    up waiting (seen: records of a commit that had timed out, answered "not written",
-    became visible past a boundary the sidecar had let pass meanwhile). So the writer
-    asks for a commit only after every batch of the transaction was appended."""
-    if isinstance(delivery, SendFailed):
-        return False  # refused before it was queued: no batch to wait for
-    return bool(delivery.done() and (delivery.cancelled() or delivery.exception()))
 
 
 def _outcome(delivery: Any) -> Outcome:
