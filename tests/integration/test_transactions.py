@@ -25,6 +25,9 @@ from sidecar.config import KafkaSettings
 from tests.support.sidecars import read_all
 from tests.support.waiting import eventually
 
+MANY = 200
+"""Writes of the lanes test's concurrent phase."""
+
 
 def _settings(cluster: ClusterEndpoints) -> KafkaSettings:
     return KafkaSettings(bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=10_000)
@@ -98,29 +101,33 @@ async def test_transactions_taking_turns_over_lanes_keep_the_order_of_admission(
     try:
         # One at a time: each transaction on the next lane, twice round.
         alone = [await writer.write(topic, [_record(0, b"alone-%d" % i)]) for i in range(6)]
-        # Many in flight, coming in over time: they take many transactions, each appended
-        # while the one before commits.
+
+        # Many in flight, each queued as soon as the one before was taken into a
+        # transaction: a transaction each, appended while the one before commits.
         writes = []
-        for i in range(300):
+        for i in range(MANY):
             writes.append(
                 asyncio.create_task(writer.write(topic, [_record(i % 2, b"many-%d" % i)]))
             )
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0)  # the write queues itself
+            # Taken into a transaction: the next write goes into the next one, at once.
+            while writer._queue:  # noqa: ASYNC110 (the writer tells nobody)
+                await asyncio.sleep(0)
         many = await asyncio.gather(*writes)
     finally:
         await writer.stop()
     outcomes = [result.outcomes[0] for result in (*alone, *many)]
     assert all(isinstance(outcome, SentRecord) for outcome in outcomes), outcomes
-    assert writer.transactions > 6 + 10
+    assert writer.transactions == 6 + MANY
     for partition in (0, 1):
         offsets = [
             o.offset for o in outcomes if isinstance(o, SentRecord) and o.partition == partition
         ]
         assert offsets == sorted(offsets), f"partition {partition}: offsets out of admission order"
     assert await _read_committed(cluster, topic, 0) == [b"alone-%d" % i for i in range(6)] + [
-        b"many-%d" % i for i in range(0, 300, 2)
+        b"many-%d" % i for i in range(0, MANY, 2)
     ]
-    assert await _read_committed(cluster, topic, 1) == [b"many-%d" % i for i in range(1, 300, 2)]
+    assert await _read_committed(cluster, topic, 1) == [b"many-%d" % i for i in range(1, MANY, 2)]
 
 
 async def test_a_failed_commit_aborts_the_transaction_appended_after_it(
