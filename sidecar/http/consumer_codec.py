@@ -91,6 +91,15 @@ Extensions of this project:
   ``{"type": "partitions_revoked" | "partitions_assigned", "partitions": [{"topic",
   "partition"}, ...]}``, first in the next records response (or POSTed to the callback
   URL). They have no ``event_id``: nothing waits for them to be acknowledged.
+* ``record_headers`` on create: which record headers a records response carries.
+  ``"all"`` (the default) writes every header, the sidecar's ``ordered.*`` ones too, so a
+  consumer can see the generation and count a record was routed with. ``"app"`` leaves
+  out the ``ordered.*`` headers and keeps the application's own; ``"none"`` writes no
+  headers, which is REST Proxy v2's own record shape. The sidecar's headers are not what
+  the app wrote, and on small records they are most of a response (four entries of some
+  45 bytes each against a 100-byte value's 136 of base64), so an app that does not read
+  them saves their encoding, transfer and parsing. The audit is not affected: it records
+  a delivery from the record the sidecar read, not from the response.
 """
 
 from __future__ import annotations
@@ -123,6 +132,7 @@ from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.json_body import json_type, parse_json, refuse_unknown_fields
 from sidecar.http.produce_codec import (
     MAX_PARTITION,
+    RESERVED_HEADER_PREFIX,
 )
 
 MAX_OFFSET: Final = 2**63 - 1
@@ -148,6 +158,7 @@ _CREATE_FIELDS: Final = frozenset(
         "callback_url",
         "callback_timeout_ms",
         "assignment_events",
+        "record_headers",
     }
 )
 # Deprecated spellings REST Proxy v2 still reads (JsonAlias / the v1 "id").
@@ -196,6 +207,15 @@ def records_media_type(fmt: EmbeddedFormat) -> str:
     return f"application/vnd.kafka.{fmt.value}.v2+json"
 
 
+class RecordHeaders(StrEnum):
+    """Which record headers a records response carries (the ``record_headers`` option)."""
+
+    ALL = "all"
+    APP = "app"
+    """The application's own: every header but the sidecar's ``ordered.*`` ones."""
+    NONE = "none"
+
+
 class AutoOffsetReset(StrEnum):
     """Where a consumer starts in a partition its group has no committed offset for."""
 
@@ -223,6 +243,7 @@ class CreateConsumerRequest:
     callback_url: str | None
     callback_timeout_ms: int | None
     assignment_events: bool = False
+    record_headers: RecordHeaders = RecordHeaders.ALL
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +443,7 @@ def decode_create_consumer(
         callback_url=callback_url,
         callback_timeout_ms=callback_timeout_ms,
         assignment_events=_strict_bool(fields.get("assignment_events"), "assignment_events"),
+        record_headers=_decode_record_headers(fields.get("record_headers")),
     )
 
 
@@ -472,6 +494,19 @@ def _decode_format(raw: object) -> EmbeddedFormat:
         return EmbeddedFormat(name)
     except ValueError:
         raise InvalidConsumerConfig(f"format must be binary or json, got {raw!r}") from None
+
+
+def _decode_record_headers(raw: object) -> RecordHeaders:
+    if raw is None:
+        return RecordHeaders.ALL
+    if not isinstance(raw, str):
+        raise BadRequest(f"record_headers must be a string, got {json_type(raw)}")
+    try:
+        return RecordHeaders(raw.lower())
+    except ValueError:
+        raise InvalidConsumerConfig(
+            f"record_headers must be all, app or none, got {raw!r}"
+        ) from None
 
 
 def _decode_offset_reset(raw: object) -> AutoOffsetReset | None:
@@ -719,37 +754,42 @@ def _acceptable(parameters: Sequence[str]) -> bool:
 
 
 def encode_records_response(
-    items: Sequence[RecordToDeliver | KeyEvent | AssignmentNotice], fmt: EmbeddedFormat
+    items: Sequence[RecordToDeliver | KeyEvent | AssignmentNotice],
+    fmt: EmbeddedFormat,
+    record_headers: RecordHeaders = RecordHeaders.ALL,
 ) -> bytes:
     """The ``GET records`` body: a JSON array of records (and events) in order.
 
     Records are ``{"topic", "key", "value", "partition", "offset", "headers"?}``, keys
-    and values base64 (binary) or embedded JSON (json). Raises InvalidRecord when ``fmt``
-    is json and a key or value is not JSON; the message names the record.
+    and values base64 (binary) or embedded JSON (json); ``headers`` holds the ones
+    ``record_headers`` keeps and is left out when none are. Raises InvalidRecord when
+    ``fmt`` is json and a key or value is not JSON; the message names the record.
     """
     entries = (
         _event_json(item)
         if isinstance(item, KeyEvent)
         else _notice_json(item)
         if isinstance(item, AssignmentNotice)
-        else _record_entry(item, fmt)
+        else _record_entry(item, fmt, record_headers)
         for item in items
     )
     return f"[{','.join(entries)}]".encode()
 
 
-def _record_entry(record: RecordToDeliver, fmt: EmbeddedFormat) -> str:
+def _record_entry(record: RecordToDeliver, fmt: EmbeddedFormat, kept: RecordHeaders) -> str:
     key = _embed(record.key, fmt, record, "key")
     value = _embed(record.value, fmt, record, "value")
     headers = ""
-    if record.headers:
+    if record.headers and kept is not RecordHeaders.NONE:
         entries = ",".join(
             _repeating_header(name, data)
             if name in _REPEATING_HEADERS
             else _header_start(name) + _base64_or_null(data) + "}"
             for name, data in record.headers
+            if kept is RecordHeaders.ALL or not _is_sidecar_header(name)
         )
-        headers = f',"headers":[{entries}]'
+        if entries:
+            headers = f',"headers":[{entries}]'
     return (
         f'{{"topic":{_json_string(record.topic)},"key":{key},"value":{value},'
         f'"partition":{record.partition},"offset":{record.offset}{headers}}}'
@@ -765,6 +805,13 @@ def _json_string(text: str) -> str:
 _REPEATING_HEADERS: Final = frozenset({GENERATION_HEADER, COUNT_HEADER, SIDECAR_HEADER})
 """Headers of a managed topic's records whose values repeat from record to record (the
 sequence header does not): their whole JSON entry is kept."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_sidecar_header(name: str) -> bool:
+    # Matched as produce refuses them: an app cannot write one through the sidecar in
+    # any case, so whatever carries the prefix came from the sidecar (or bypassed it).
+    return name.lower().startswith(RESERVED_HEADER_PREFIX)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -20,6 +20,7 @@ from sidecar.http.consumer_codec import (
     CommittedOffset,
     KeyEvent,
     PartitionRef,
+    RecordHeaders,
     RecordToDeliver,
     SeekOffset,
     SubscribeTopics,
@@ -106,6 +107,7 @@ async def create(request: web.Request) -> web.Response:
         poll_timeout_ms=decoded.request_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
         fetch_min_bytes=1 if decoded.fetch_min_bytes is None else decoded.fetch_min_bytes,
         assignment_events=decoded.assignment_events,
+        record_headers=decoded.record_headers.value,
     )
     await request.app[CONSUMERS_KEY].create(config)
     base_url = f"{request.scheme}://{request.host}"
@@ -162,6 +164,7 @@ async def get_assignments(request: web.Request) -> web.Response:
 async def records(request: web.Request) -> web.StreamResponse:
     instance = _instance(request)
     fmt = EmbeddedFormat(instance.config.format)
+    kept_headers = RecordHeaders(instance.config.record_headers)
     content_type = records_content_type(request.headers.get("Accept"), fmt)
     query = decode_records_query(
         request.query,
@@ -181,7 +184,7 @@ async def records(request: web.Request) -> web.StreamResponse:
         ]
         items += result.records
         try:
-            body = encode_records_response(items, fmt)
+            body = encode_records_response(items, fmt, kept_headers)
         except SidecarError:
             # Not sent, so not delivered: the next poll starts from the same records.
             instance.undeliver(result)

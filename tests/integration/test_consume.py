@@ -525,3 +525,51 @@ async def test_records_of_a_response_the_client_never_read_are_delivered_again(
         status, _ = await consumer.commit()
         assert status == 204
         await consumer.delete()
+
+
+async def test_record_headers_chooses_which_headers_the_app_reads(
+    cluster: ClusterEndpoints,
+) -> None:
+    topic = unique("headers")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        trace = {"name": "trace", "value": "dDE="}
+        status, body = await sidecar.produce(
+            topic, [{"key": f"k{i}", "value": i, "headers": [trace]} for i in range(6)]
+        )
+        assert status == 200, body
+        names: dict[str, list[list[str] | None]] = {}
+        for kept in ("all", "app", "none"):
+            consumer = await create_consumer(
+                sidecar,
+                unique("group"),
+                "c",
+                record_headers=kept,
+                **{"auto.offset.reset": "earliest"},
+            )
+            await consumer.subscribe(topic)
+            got = await _drain(consumer, 6)
+            names[kept] = [
+                [h["name"] for h in r["headers"]] if "headers" in r else None for r in got
+            ]
+            await consumer.delete()
+        sidecar_names = [
+            "ordered.generation",
+            "ordered.count",
+            "ordered.sidecar",
+            "ordered.sequence",
+        ]
+        assert all(sorted(n or []) == sorted(["trace", *sidecar_names]) for n in names["all"])
+        assert names["app"] == [["trace"]] * 6
+        assert names["none"] == [None] * 6
+        # A value outside the three is refused at once, and no instance is left behind.
+        group = unique("group")
+        async with sidecar.http.post(
+            f"/consumers/{group}",
+            data=json.dumps({"name": "x", "record_headers": "internal"}),
+            headers={"Content-Type": "application/vnd.kafka.v2+json"},
+        ) as response:
+            answer = await response.json(content_type=None)
+        assert (response.status, answer["error_code"]) == (422, 42204), answer
+        status, answer = await RestConsumer(sidecar, group, "x").call("GET", "/subscription")
+        assert (status, answer["error_code"]) == (404, 40403)

@@ -31,6 +31,7 @@ from sidecar.http.consumer_codec import (
     KeyEventType,
     OffsetToCommit,
     PartitionRef,
+    RecordHeaders,
     RecordsQuery,
     SeekOffset,
     SeekRequest,
@@ -218,6 +219,7 @@ def test_create_with_every_field() -> None:
             "callback_url": "http://127.0.0.1:9000/keys?app=1",
             "callback_timeout_ms": 30_000,
             "assignment_events": True,
+            "record_headers": "app",
         }
     )
     assert request == CreateConsumerRequest(
@@ -230,6 +232,7 @@ def test_create_with_every_field() -> None:
         callback_url="http://127.0.0.1:9000/keys?app=1",
         callback_timeout_ms=30_000,
         assignment_events=True,
+        record_headers=RecordHeaders.APP,
     )
 
 
@@ -241,6 +244,7 @@ def test_create_null_fields_are_defaults() -> None:
         "auto.commit.enable",
         "fetch.min.bytes",
         "assignment_events",
+        "record_headers",
     ]
     assert create(dict.fromkeys(fields)) == DEFAULTS
 
@@ -266,6 +270,9 @@ def test_create_null_fields_are_defaults() -> None:
         ("id", "legacy", "name", "legacy"),
         ("responseMinBytes", 7, "fetch_min_bytes", 7),
         ("requestWaitMs", "250", "request_timeout_ms", 250),
+        ("record_headers", "all", "record_headers", RecordHeaders.ALL),
+        ("record_headers", "App", "record_headers", RecordHeaders.APP),
+        ("record_headers", "NONE", "record_headers", RecordHeaders.NONE),
     ],
 )
 def test_create_reads_values_as_rest_proxy_does(
@@ -320,6 +327,8 @@ def test_an_alias_may_repeat_its_field() -> None:
         ({"callback_timeout_ms": 1000}, "callback_timeout_ms is set without callback_url"),
         ({"assignment_events": "true"}, "assignment_events must be true or false, got 'true'"),
         ({"assignment_events": 1}, "assignment_events must be true or false, got 1"),
+        ({"record_headers": "ordered"}, "record_headers must be all, app or none, got 'ordered'"),
+        ({"record_headers": False}, "record_headers must be a string, got boolean"),
         (
             {"callback_url": "http://localhost/", "callback_timeout_ms": 0},
             f"callback_timeout_ms must be an integer from 1 to {MAX_CALLBACK_TIMEOUT_MS}, got 0",
@@ -638,6 +647,57 @@ def test_binary_records_are_base64_and_rest_proxy_shaped() -> None:
         b'{"topic":"orders","key":null,"value":null,"partition":3,"offset":42},'
         b'{"topic":"orders","key":"","value":"","partition":4,"offset":0,'
         b'"headers":[{"name":"h","value":"eA=="},{"name":"n","value":null}]}]'
+    )
+
+
+MANAGED_RECORD = ConsumedRecord(
+    "orders",
+    1,
+    7,
+    key=b"k",
+    value=b"v",
+    headers=(
+        ("trace", b"t1"),
+        ("ordered.generation", b"3"),
+        ("ordered.count", b"4"),
+        ("ordered.sidecar", b"s-1"),
+        ("ordered.sequence", b"12"),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("kept", "names"),
+    [
+        (
+            RecordHeaders.ALL,
+            [
+                "trace",
+                "ordered.generation",
+                "ordered.count",
+                "ordered.sidecar",
+                "ordered.sequence",
+            ],
+        ),
+        (RecordHeaders.APP, ["trace"]),
+        (RecordHeaders.NONE, None),
+    ],
+)
+def test_record_headers_keeps_the_headers_asked_for(
+    kept: RecordHeaders, names: list[str] | None
+) -> None:
+    (entry,) = json.loads(encode_records_response([MANAGED_RECORD], EmbeddedFormat.BINARY, kept))
+    kept_names = [h["name"] for h in entry["headers"]] if "headers" in entry else None
+    assert kept_names == names
+    assert (entry["key"], entry["value"]) == ("aw==", "dg==")
+
+
+def test_a_record_with_only_sidecar_headers_has_the_plain_shape_for_app() -> None:
+    record = ConsumedRecord(
+        "orders", 0, 1, key=None, value=b"", headers=(("Ordered.Generation", b"1"),)
+    )
+    assert encode_records_response([record], EmbeddedFormat.BINARY, RecordHeaders.APP) == (
+        b'[{"topic":"orders","key":null,"value":"","partition":0,"offset":1}]'
     )
 
 
