@@ -765,31 +765,33 @@ def encode_records_response(
     ``record_headers`` keeps and is left out when none are. Raises InvalidRecord when
     ``fmt`` is json and a key or value is not JSON; the message names the record.
     """
+    # The mode is resolved once a response, not tested once a header (reading an enum
+    # member costs ~0.2 µs): in-process, 2.9 -> 2.3 µs a record for "app" and 4.3 -> 3.6
+    # for "all" (managed records of 100 B, best of 18 runs).
+    header_entries = _HEADER_ENTRIES[record_headers]
     entries = (
         _event_json(item)
         if isinstance(item, KeyEvent)
         else _notice_json(item)
         if isinstance(item, AssignmentNotice)
-        else _record_entry(item, fmt, record_headers)
+        else _record_entry(item, fmt, header_entries)
         for item in items
     )
     return f"[{','.join(entries)}]".encode()
 
 
-def _record_entry(record: RecordToDeliver, fmt: EmbeddedFormat, kept: RecordHeaders) -> str:
+def _record_entry(
+    record: RecordToDeliver,
+    fmt: EmbeddedFormat,
+    header_entries: _HeaderEntries | None,
+) -> str:
     key = _embed(record.key, fmt, record, "key")
     value = _embed(record.value, fmt, record, "value")
     headers = ""
-    if record.headers and kept is not RecordHeaders.NONE:
-        entries = ",".join(
-            _repeating_header(name, data)
-            if name in _REPEATING_HEADERS
-            else _header_start(name) + _base64_or_null(data) + "}"
-            for name, data in record.headers
-            if kept is RecordHeaders.ALL or not _is_sidecar_header(name)
-        )
+    if record.headers and header_entries is not None:
+        entries = header_entries(record.headers)
         if entries:
-            headers = f',"headers":[{entries}]'
+            headers = ',"headers":[' + ",".join(entries) + "]"
     return (
         f'{{"topic":{_json_string(record.topic)},"key":{key},"value":{value},'
         f'"partition":{record.partition},"offset":{record.offset}{headers}}}'
@@ -805,6 +807,31 @@ def _json_string(text: str) -> str:
 _REPEATING_HEADERS: Final = frozenset({GENERATION_HEADER, COUNT_HEADER, SIDECAR_HEADER})
 """Headers of a managed topic's records whose values repeat from record to record (the
 sequence header does not): their whole JSON entry is kept."""
+
+
+_HeaderEntries: TypeAlias = Callable[[Sequence[tuple[str, bytes | None]]], list[str]]
+"""A record's headers to the JSON entries a response keeps of them."""
+
+
+def _all_header_entries(headers: Sequence[tuple[str, bytes | None]]) -> list[str]:
+    return [_header_entry(name, data) for name, data in headers]
+
+
+def _app_header_entries(headers: Sequence[tuple[str, bytes | None]]) -> list[str]:
+    return [_header_entry(name, data) for name, data in headers if not _is_sidecar_header(name)]
+
+
+_HEADER_ENTRIES: Final[Mapping[RecordHeaders, _HeaderEntries | None]] = {
+    RecordHeaders.ALL: _all_header_entries,
+    RecordHeaders.APP: _app_header_entries,
+    RecordHeaders.NONE: None,
+}
+
+
+def _header_entry(name: str, data: bytes | None) -> str:
+    if name in _REPEATING_HEADERS:
+        return _repeating_header(name, data)
+    return _header_start(name) + _base64_or_null(data) + "}"
 
 
 @functools.lru_cache(maxsize=1024)
