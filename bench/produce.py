@@ -31,7 +31,10 @@ generator, the sidecar and three brokers share this machine's cores):
 
 Throughput keeps a fixed number of records in flight (direct: ``--window`` send()
 futures; sidecar: ``--connections`` concurrent requests of ``--batch`` records each;
-by default both 400). Latency is one record at a time, each waited for.
+by default both 400). Latency is one record at a time, each waited for, with keys
+spread over the partitions; two more latency rows (sidecar, direct transactional) write
+every record with **one key**, as an app that updates one entity in a row does: each
+transaction then goes to the partition the one before it just committed in.
 
 The cluster is ``ordered_dev.devcluster.provider.provide_cluster()``: an external one when
 ``SIDECAR_TEST_KAFKA_BOOTSTRAP`` and ``SIDECAR_TEST_ZOOKEEPER_HOSTS`` are set, otherwise
@@ -182,6 +185,23 @@ class Workload:
     v3_records: list[bytes]
     """Each record as one REST Proxy v3 JSON object (BINARY key and value)."""
 
+    def one_key(self) -> Workload:
+        """The same values, every record with the first record's key (single bodies)."""
+        key = self.records[0][0]
+        records = [(key, value) for _, value in self.records[: len(self.single_bodies)]]
+        return dataclasses.replace(
+            self, records=records, single_bodies=[_records_body([r]) for r in records]
+        )
+
+
+def _records_body(chunk: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """A REST Proxy v2 binary produce body of ``chunk``."""
+    encoded = [
+        {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()}
+        for key, value in chunk
+    ]
+    return json.dumps({"records": encoded}).encode()
+
 
 def make_workload(size: int, batch: int, bodies: int = 64) -> Workload:
     rng = random.Random(size)
@@ -189,18 +209,11 @@ def make_workload(size: int, batch: int, bodies: int = 64) -> Workload:
         (f"key-{index:012d}".encode(), rng.randbytes(size)) for index in range(batch * bodies)
     ]
 
-    def body(chunk: Sequence[tuple[bytes, bytes]]) -> bytes:
-        encoded = [
-            {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()}
-            for key, value in chunk
-        ]
-        return json.dumps({"records": encoded}).encode()
-
     return Workload(
         size=size,
         records=records,
-        batch_bodies=[body(records[i : i + batch]) for i in range(0, len(records), batch)],
-        single_bodies=[body([record]) for record in records[:bodies]],
+        batch_bodies=[_records_body(records[i : i + batch]) for i in range(0, len(records), batch)],
+        single_bodies=[_records_body([record]) for record in records[:bodies]],
         v3_records=[
             json.dumps(
                 {
@@ -719,7 +732,18 @@ DIRECT, SIDECAR, DIRECT_WIDE = "direct aiokafka", "sidecar (HTTP)", "direct aiok
 UNMANAGED, TRANSACTIONAL = "sidecar (HTTP), unmanaged topic", "direct transactional writer"
 V3_SINGLE, V3_STREAM = "sidecar REST v3, one record per request", "sidecar REST v3 streaming"
 PATHS = (DIRECT, SIDECAR, DIRECT_WIDE, UNMANAGED, TRANSACTIONAL, V3_SINGLE, V3_STREAM)
-LATENCY_PATHS = (DIRECT, SIDECAR, UNMANAGED, TRANSACTIONAL, V3_SINGLE, V3_STREAM)
+SIDECAR_ONE_KEY = "sidecar (HTTP), one key"
+TRANSACTIONAL_ONE_KEY = "direct transactional writer, one key"
+LATENCY_PATHS = (
+    DIRECT,
+    SIDECAR,
+    UNMANAGED,
+    TRANSACTIONAL,
+    V3_SINGLE,
+    V3_STREAM,
+    SIDECAR_ONE_KEY,
+    TRANSACTIONAL_ONE_KEY,
+)
 
 
 @dataclass
@@ -774,6 +798,14 @@ class Target:
     async def latency(
         self, path: str, workload: Workload, seconds: float, max_samples: int
     ) -> list[float]:
+        if path == SIDECAR_ONE_KEY:
+            one_key = workload.one_key()
+            return await sidecar_latency(self.sidecar, self.managed, one_key, seconds, max_samples)
+        if path == TRANSACTIONAL_ONE_KEY:
+            one_key = workload.one_key()
+            return await transactional_latency(
+                self.writer, self.plain, one_key, seconds, max_samples
+            )
         if path in (SIDECAR, UNMANAGED):
             topic = self.managed if path == SIDECAR else self.passed_through
             return await sidecar_latency(self.sidecar, topic, workload, seconds, max_samples)
@@ -944,6 +976,8 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         TRANSACTIONAL: "direct transactional writer (a transaction each)",
         V3_SINGLE: "sidecar REST v3, one request per record (managed)",
         V3_STREAM: "sidecar REST v3, one record at a time on an open stream (managed)",
+        SIDECAR_ONE_KEY: "sidecar over HTTP (managed), every record with one key",
+        TRANSACTIONAL_ONE_KEY: "direct transactional writer, every record with one key",
     }
     cost_rows = []
     v3_rows = []
