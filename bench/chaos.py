@@ -85,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=defaults.change_every_s,
         help="seconds between two changes, drawn in [MIN, MAX] (default: %(default)s)",
     )
+    parser.add_argument(
+        "--lanes", type=int, help="kafka.transaction_lanes (default: the sidecar's default)"
+    )
     args = parser.parse_args(argv)
     config = ChaosConfig(
         seed=args.seed,
@@ -92,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         session_timeout_s=args.session_timeout,
         request_timeout_ms=args.request_timeout_ms,
         change_every_s=(args.change_every[0], args.change_every[1]),
+        transaction_lanes=args.lanes,
     )
     header_machine = machine_lines("…")  # the load average before the cluster starts
     began = time.monotonic()

@@ -57,6 +57,7 @@ def settings_for(
     stop_before_commit: int = 0,
     zookeeper_hosts: str | None = None,
     request_timeout_ms: int | None = None,
+    transaction_lanes: int | None = None,
 ) -> Settings:
     """Settings of a test sidecar. The Kafka request timeout defaults to what the session
     timeout allows (``Settings.validate``: a session outlives every send)."""
@@ -69,6 +70,7 @@ def settings_for(
             bootstrap_servers=cluster.kafka_bootstrap,
             request_timeout_ms=request_timeout_ms,
             replication_margin_ms=margin_ms,
+            transaction_lanes=transaction_lanes or KafkaSettings().transaction_lanes,
         ),
         zookeeper=ZooKeeperSettings(
             hosts=zookeeper_hosts or cluster.zookeeper_hosts,

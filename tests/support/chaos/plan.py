@@ -86,6 +86,8 @@ class ChaosConfig:
     below the session timeout (the zombie argument of DESIGN §5 rests on it)."""
     barrier_timeout_s: float = 20.0
     hold_timeout_s: float = 30.0
+    transaction_lanes: int | None = None
+    """``kafka.transaction_lanes`` of every sidecar; None: the sidecar's default."""
     # The checks.
     liveness_bound_s: float = 30.0
     """Every acknowledged record reaches every group this long after the last fault."""

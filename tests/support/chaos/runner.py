@@ -58,7 +58,7 @@ from kazoo.exceptions import NoNodeError
 
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.config import Settings
+from sidecar.config import KafkaSettings, Settings
 from sidecar.core.generations import PartitionMode
 from sidecar.core.serialization import generation_from_json, log_from_generations
 from tests.support.chaos.checks import (
@@ -269,6 +269,7 @@ class ChaosRun:
             hold_timeout_s=config.hold_timeout_s,
             barrier_timeout_s=config.barrier_timeout_s,
             request_timeout_ms=config.request_timeout_ms,
+            transaction_lanes=config.transaction_lanes,
         )
 
     # The run ----------------------------------------------------------------------------
@@ -372,7 +373,8 @@ class ChaosRun:
         return (
             f"zookeeper.session_timeout_s = {c.session_timeout_s:g}, kafka.request_timeout_ms = "
             f"{c.request_timeout_ms}, produce.barrier_timeout_s = {c.barrier_timeout_s:g}, "
-            f"produce.hold_timeout_s = {c.hold_timeout_s:g}"
+            f"produce.hold_timeout_s = {c.hold_timeout_s:g}, kafka.transaction_lanes = "
+            f"{c.transaction_lanes or KafkaSettings().transaction_lanes}"
         )
 
     async def _undo_faults(self) -> None:
