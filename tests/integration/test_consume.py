@@ -10,7 +10,13 @@ from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.core.routing import partition_for_key
-from tests.support.consumers import CallbackApp, RestConsumer, create_consumer, decoded
+from tests.support.consumers import (
+    CallbackApp,
+    RestConsumer,
+    create_consumer,
+    decoded,
+    post_create_consumer,
+)
 from tests.support.sidecars import running_sidecars, unique
 
 
@@ -280,13 +286,10 @@ async def test_consumer_bad_input(cluster: ClusterEndpoints) -> None:
         assert (status, body["error_code"]) == (404, 40403)
         status, body = await consumer.call("GET", "/records")
         assert (status, body["error_code"]) == (409, 40940)
-        async with sidecar.http.post(
-            f"/consumers/{group}",
-            data=json.dumps({"name": "x", "callback_url": "http://example.com/cb"}),
-            headers={"Content-Type": "application/vnd.kafka.v2+json"},
-        ) as response:
-            answer = await response.json(content_type=None)
-        assert (response.status, answer["error_code"]) == (400, 40001)
+        status, body = await post_create_consumer(
+            sidecar, group, {"name": "x", "callback_url": "http://example.com/cb"}
+        )
+        assert (status, body["error_code"]) == (400, 40001)
         topic = unique("t")
         await sidecar.create_topic(topic, 1, replication_factor=cluster.replication_factor)
         await consumer.assign((topic, 0))
@@ -564,12 +567,9 @@ async def test_record_headers_chooses_which_headers_the_app_reads(
         assert names["none"] == [None] * 6
         # A value outside the three is refused at once, and no instance is left behind.
         group = unique("group")
-        async with sidecar.http.post(
-            f"/consumers/{group}",
-            data=json.dumps({"name": "x", "record_headers": "internal"}),
-            headers={"Content-Type": "application/vnd.kafka.v2+json"},
-        ) as response:
-            answer = await response.json(content_type=None)
-        assert (response.status, answer["error_code"]) == (422, 42204), answer
+        status, answer = await post_create_consumer(
+            sidecar, group, {"name": "x", "record_headers": "internal"}
+        )
+        assert (status, answer["error_code"]) == (422, 42204), answer
         status, answer = await RestConsumer(sidecar, group, "x").call("GET", "/subscription")
         assert (status, answer["error_code"]) == (404, 40403)

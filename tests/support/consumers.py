@@ -71,15 +71,22 @@ class RestConsumer:
         assert status == 204, body
 
 
+async def post_create_consumer(
+    sidecar: SidecarClient, group: str, body: dict[str, Any]
+) -> tuple[int, Any]:
+    """``POST /consumers/{group}`` with ``body`` as it is: the status and the JSON answer."""
+    async with sidecar.http.post(
+        f"/consumers/{group}", data=json.dumps(body), headers={"Content-Type": CONSUMER_JSON}
+    ) as response:
+        return response.status, await response.json(content_type=None)
+
+
 async def create_consumer(
     sidecar: SidecarClient, group: str, name: str, **config: object
 ) -> RestConsumer:
     body = {"name": name, "format": "binary", "auto.offset.reset": "earliest"} | config
-    async with sidecar.http.post(
-        f"/consumers/{group}", data=json.dumps(body), headers={"Content-Type": CONSUMER_JSON}
-    ) as response:
-        answer = await response.json(content_type=None)
-        assert response.status == 200, answer
+    status, answer = await post_create_consumer(sidecar, group, body)
+    assert status == 200, answer
     assert answer["base_uri"].endswith(f"/consumers/{group}/instances/{name}")
     return RestConsumer(sidecar, group, name, str(body["format"]))
 
