@@ -132,7 +132,7 @@ from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.json_body import json_type, parse_json, refuse_unknown_fields
 from sidecar.http.produce_codec import (
     MAX_PARTITION,
-    RESERVED_HEADER_PREFIX,
+    is_reserved_header,
 )
 
 MAX_OFFSET: Final = 2**63 - 1
@@ -818,7 +818,9 @@ def _all_header_entries(headers: Sequence[tuple[str, bytes | None]]) -> list[str
 
 
 def _app_header_entries(headers: Sequence[tuple[str, bytes | None]]) -> list[str]:
-    return [_header_entry(name, data) for name, data in headers if not _is_sidecar_header(name)]
+    # The names produce refuses: an app cannot write one through the sidecar, so whatever
+    # carries the prefix came from the sidecar (or bypassed it).
+    return [_header_entry(name, data) for name, data in headers if not is_reserved_header(name)]
 
 
 _HEADER_ENTRIES: Final[Mapping[RecordHeaders, _HeaderEntries | None]] = {
@@ -832,13 +834,6 @@ def _header_entry(name: str, data: bytes | None) -> str:
     if name in _REPEATING_HEADERS:
         return _repeating_header(name, data)
     return _header_start(name) + _base64_or_null(data) + "}"
-
-
-@functools.lru_cache(maxsize=1024)
-def _is_sidecar_header(name: str) -> bool:
-    # Matched as produce refuses them: an app cannot write one through the sidecar in
-    # any case, so whatever carries the prefix came from the sidecar (or bypassed it).
-    return name.lower().startswith(RESERVED_HEADER_PREFIX)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -88,6 +89,15 @@ IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 
 RESERVED_HEADER_PREFIX: Final = "ordered."
 """Kafka record headers the sidecar writes itself; an app may not set them."""
+
+
+@functools.lru_cache(maxsize=1024)
+def is_reserved_header(name: str) -> bool:
+    """True for a record header name the sidecar keeps for itself. Compared without case,
+    so that a look-alike cannot confuse a case-insensitive reader. Cached: a records
+    response asks it for every header of every record."""
+    return name.lower().startswith(RESERVED_HEADER_PREFIX)
+
 
 MAX_PARTITION: Final = 2**31 - 1
 """Kafka partition ids and counts are int32."""
@@ -308,8 +318,7 @@ def _decode_header(raw: object, where: str) -> tuple[str, bytes | None]:
         name.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidRecord(f"{where}.name contains a lone UTF-16 surrogate") from None
-    # Compared without case so that a look-alike cannot confuse a case-insensitive reader.
-    if name.lower().startswith(RESERVED_HEADER_PREFIX):
+    if is_reserved_header(name):
         raise InvalidRecord(
             f"{where}.name {name!r} is reserved: headers starting with "
             f"{RESERVED_HEADER_PREFIX!r} are written by the sidecar"
