@@ -201,6 +201,21 @@ class AuditSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessSettings:
+    """The Python process the sidecar runs in."""
+
+    gc_young_threshold: int = 50_000
+    """Allocations (net of frees) between two collections of Python's youngest garbage
+    generation; Python's default is 700. A consume response builds a few objects per
+    record (the record, its header tuples), tens of thousands at a time, and at 700 the
+    collector runs, and walks the objects still alive, every few dozen records. Reading
+    a managed topic of 100-byte records, 50,000 against 700 on one sidecar each, same
+    cluster, alternating: 1.2-1.4x the records/s, and the same RSS (95 MiB after the
+    reads, either way). Memory freed by reference counting, nearly all of it, is freed at
+    once either way; only reference cycles wait for the collector."""
+
+
+@dataclass(frozen=True, slots=True)
 class FaultSettings:
     """Fault injection for the crash tests; empty in production."""
 
@@ -223,6 +238,7 @@ class Settings:
     changes: ChangeSettings = field(default_factory=ChangeSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    process: ProcessSettings = field(default_factory=ProcessSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
 
     def validate(self) -> Settings:
@@ -300,6 +316,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "changes": ChangeSettings,
     "consumer": ConsumerSettings,
     "audit": AuditSettings,
+    "process": ProcessSettings,
     "faults": FaultSettings,
 }
 
@@ -442,7 +459,16 @@ def _validate_consumer(values: ConsumerSettings) -> None:
         )
 
 
+MIN_GC_YOUNG_THRESHOLD = 100
+
+
 def _validate(section: str, values: Any) -> None:
+    if section == "process" and values.gc_young_threshold < MIN_GC_YOUNG_THRESHOLD:
+        # 0 would switch the cycle collector off: cycles (tracebacks, futures) would leak.
+        raise ConfigError(
+            f"process.gc_young_threshold must be at least {MIN_GC_YOUNG_THRESHOLD}, "
+            f"got {values.gc_young_threshold}"
+        )
     if section == "http" and not 0 <= values.port <= 65535:
         raise ConfigError(f"http.port must be between 0 and 65535, got {values.port}")
     if section == "http" and values.admin_enabled and not values.admin_token:

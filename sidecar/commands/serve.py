@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import signal
 import sys
 from pathlib import Path
 
 from sidecar.compose import SidecarServer
-from sidecar.config import ConfigError, Settings, load_settings
+from sidecar.config import ConfigError, ProcessSettings, Settings, load_settings
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,8 +28,16 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
+    tune_process(settings.process)
     asyncio.run(serve(settings))
     return 0
+
+
+def tune_process(process: ProcessSettings) -> None:
+    """Apply the process settings. Only the youngest generation's threshold changes: the
+    older two keep Python's, so a full collection still follows the same ratios."""
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(process.gc_young_threshold, middle, oldest)
 
 
 async def serve(settings: Settings) -> None:

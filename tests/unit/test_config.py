@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import gc
 import re
 from pathlib import Path
 
 import pytest
 
-from sidecar.config import ConfigError, load_settings
+from sidecar.commands.serve import tune_process
+from sidecar.config import ConfigError, ProcessSettings, load_settings
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -142,6 +144,7 @@ def test_the_default_timing_keeps_the_zombie_argument() -> None:
         ({"ORDERED_SIDECAR__AUDIT__BATCH_SIZE": "-1"}, "audit.batch_size"),
         ({"ORDERED_SIDECAR__KAFKA__TRANSACTION_LANES": "0"}, "kafka.transaction_lanes"),
         ({"ORDERED_SIDECAR__KAFKA__TRANSACTION_LANES": "9"}, "kafka.transaction_lanes"),
+        ({"ORDERED_SIDECAR__PROCESS__GC_YOUNG_THRESHOLD": "0"}, "process.gc_young_threshold"),
     ],
 )
 def test_related_and_out_of_range_tunables_are_refused(environ: dict[str, str], named: str) -> None:
@@ -158,3 +161,12 @@ def test_the_tunables_default_to_the_values_the_code_had() -> None:
     assert settings.changes.lock_timeout_s == 10.0
     assert settings.http.shutdown_grace_s == 30.0
     assert settings.zookeeper.transaction_attempts == 5
+
+
+def test_the_process_setting_sets_the_youngest_generation_only() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_process(ProcessSettings(gc_young_threshold=12_345))
+        assert gc.get_threshold() == (12_345, before[1], before[2])
+    finally:
+        gc.set_threshold(*before)
