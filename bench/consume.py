@@ -21,7 +21,7 @@ a fresh consumer group:
   which the ordered path is judged (managed / unmanaged).
 * **sidecar, unmanaged topic of managed-like records**: the same, reading a third topic
   the sidecar does not manage, written directly in transactions of ``ALIKE_TRANSACTION``
-  records that each carry the four ``ordered.*`` headers a managed record carries. Its
+  records that each carry the ``ordered.stamp`` header a managed record carries. Its
   records cost what a managed topic's cost to fetch, decode and encode, without the
   gate: managed / this row is what the ordered path itself costs, and this row /
   unmanaged what the records' headers and transactions cost.
@@ -144,7 +144,7 @@ async def fill_direct(bootstrap: str, topic: str, records: Sequence[tuple[bytes,
 
 async def fill_alike(bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
     """Write ``records`` as the sidecar would, without the sidecar: in transactions, each
-    record with the four ``ordered.*`` headers."""
+    record with the ``ordered.stamp`` header."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, transactional_id=f"bench-alike-{uuid.uuid4().hex[:8]}"
     )

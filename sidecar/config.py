@@ -30,6 +30,7 @@ from typing import Any
 
 from sidecar.core import names
 from sidecar.core.errors import InvalidName
+from sidecar.core.placement import HeaderFormat
 
 ENV_PREFIX = "ORDERED_SIDECAR__"
 MAX_TRANSACTION_LANES = 8
@@ -97,6 +98,7 @@ class ZooKeeperSettings:
 
 
 ACCESS_LOG_MODES = ("off", "errors", "all")
+HEADER_FORMATS = tuple(header_format.value for header_format in HeaderFormat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,10 @@ class ProduceSettings:
     is read from the request when the oldest has been answered."""
     stream_idle_timeout_s: float = 300.0
     """A REST v3 stream that sends no byte this long is ended (with a 408 entry)."""
+    header_format: str = "stamp"
+    """How a managed record's routing is written: ``stamp``, one ``ordered.stamp``
+    header, or ``separate``, the four headers sidecars before the stamp read. Every
+    sidecar reads both; set ``separate`` while a rolling upgrade still runs old ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,6 +469,11 @@ MIN_GC_YOUNG_THRESHOLD = 100
 
 
 def _validate(section: str, values: Any) -> None:
+    if section == "produce" and values.header_format not in HEADER_FORMATS:
+        raise ConfigError(
+            f"produce.header_format must be one of {', '.join(HEADER_FORMATS)}; "
+            f"got {values.header_format!r}"
+        )
     if section == "process" and values.gc_young_threshold < MIN_GC_YOUNG_THRESHOLD:
         # 0 would switch the cycle collector off: cycles (tracebacks, futures) would leak.
         raise ConfigError(

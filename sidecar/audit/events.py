@@ -13,8 +13,9 @@ a JSON-lines file) with these common fields:
 =================  ===========================================================
 
 Types and their own fields (``key`` is base64 or null; ``producer`` and
-``producer_seq`` are the ``ordered.sidecar`` and ``ordered.sequence`` headers of the
-record, which identify it across partitions and generations):
+``producer_seq`` are the sidecar id and sequence of the record's stamp (its
+``ordered.stamp`` header, or the four headers of older sidecars), which identify it
+across partitions and generations):
 
 ``produce_acked``   topic, partition, offset, key, generation, count, producer, producer_seq
 ``delivered``       group, instance, topic, partition, offset, key, generation, producer,
@@ -38,14 +39,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sidecar.core.placement import (
-    GENERATION_HEADER,
-    SEQUENCE_HEADER,
-    SIDECAR_HEADER,
-    Header,
-    header_int,
-    header_value,
-)
+from sidecar.core.placement import Header, record_stamp
 from sidecar.core.routing import positive_hash
 
 SCHEMA_VERSION = 1
@@ -99,7 +93,7 @@ def delivered(
     key: bytes | None,
     headers: Sequence[Header],
 ) -> Event:
-    producer = header_value(headers, SIDECAR_HEADER)
+    stamp = record_stamp(headers)
     return {
         "type": "delivered",
         "group": group,
@@ -108,9 +102,9 @@ def delivered(
         "partition": partition,
         "offset": offset,
         "key": _key(key),
-        "generation": header_int(headers, GENERATION_HEADER),
-        "producer": None if producer is None else producer.decode(errors="replace"),
-        "producer_seq": header_int(headers, SEQUENCE_HEADER),
+        "generation": None if stamp is None else stamp.generation,
+        "producer": None if stamp is None else stamp.sidecar,
+        "producer_seq": None if stamp is None else stamp.sequence,
     }
 
 

@@ -1,30 +1,40 @@
 """Where one produced record goes, and what the sidecar writes beside it. Pure.
 
-Headers on every record of a managed topic (names reserved: an app may not send
-``ordered.*`` headers itself):
+Every record of a managed topic carries the sidecar's stamp: the generation it was
+routed with, that generation's undeleted partition count, the id of the sidecar that
+produced it and that sidecar's sequence number (per process, from 0). It is written as
+one header (names reserved: an app may not send ``ordered.*`` headers itself):
 
 =======================  ==========================================================
-``ordered.generation``   generation the record was routed with (ASCII decimal)
-``ordered.count``        undeleted partition count of that generation
-``ordered.sidecar``      id of the sidecar that produced it
-``ordered.sequence``     that sidecar's sequence number (per process, from 0)
+``ordered.stamp``        ``<generation> <count> <sidecar> <sequence>``, ASCII, one
+                         space between (a sidecar id has no space)
 ``ordered.relocation``   ``1`` on a relocation tombstone (DESIGN §7), never on app data
 =======================  ==========================================================
 
+or, with ``produce.header_format = "separate"``, as the four headers sidecars before
+the stamp wrote and read: ``ordered.generation``, ``ordered.count``, ``ordered.sidecar``,
+``ordered.sequence`` (ASCII decimals but the id). Readers accept both, so a rolling
+upgrade runs the new version with ``separate`` until no old sidecar is left, then
+switches. One header instead of four halves what the headers cost a consumer: aiokafka
+decodes one tuple, not four, and a response carries one JSON object, not four.
+
 With the sidecar id and sequence a consumer or the audit can order one producer's
-records across partitions, and spot a record written across a barrier: its
-``ordered.generation`` is older than the generation its offset belongs to.
+records across partitions, and spot a record written across a barrier: its routing
+generation is older than the generation its offset belongs to.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from sidecar.core.errors import InvalidRecord, PartitionReadOnly, UnknownPartition
 from sidecar.core.generations import GenerationLog, PartitionMode
 from sidecar.core.routing import partition_for_key
 
+STAMP_HEADER: Final = "ordered.stamp"
 GENERATION_HEADER: Final = "ordered.generation"
 COUNT_HEADER: Final = "ordered.count"
 SIDECAR_HEADER: Final = "ordered.sidecar"
@@ -32,6 +42,25 @@ SEQUENCE_HEADER: Final = "ordered.sequence"
 RELOCATION_HEADER: Final = "ordered.relocation"
 
 Header = tuple[str, bytes | None]
+
+
+class HeaderFormat(enum.Enum):
+    """How a managed record's stamp is written (``produce.header_format``)."""
+
+    STAMP = "stamp"
+    """One ``ordered.stamp`` header."""
+    SEPARATE = "separate"
+    """The four headers of sidecars before the stamp, for a rolling upgrade."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """What the sidecar wrote beside a record of a managed topic."""
+
+    generation: int
+    count: int
+    sidecar: str
+    sequence: int
 
 
 def header_value(headers: Sequence[Header], name: str) -> bytes | None:
@@ -92,14 +121,69 @@ def require_key_for_tombstone(key: bytes | None, value: bytes | None, index: int
 
 
 def sidecar_headers(
-    generation: int, undeleted_count: int, sidecar_id: str, sequence: int
+    generation: int,
+    undeleted_count: int,
+    sidecar_id: str,
+    sequence: int,
+    header_format: HeaderFormat = HeaderFormat.STAMP,
 ) -> list[Header]:
+    if header_format is HeaderFormat.STAMP:
+        return [
+            (
+                STAMP_HEADER,
+                b"%d %d %s %d" % (generation, undeleted_count, sidecar_id.encode(), sequence),
+            )
+        ]
     return [
         (GENERATION_HEADER, str(generation).encode()),
         (COUNT_HEADER, str(undeleted_count).encode()),
         (SIDECAR_HEADER, sidecar_id.encode()),
         (SEQUENCE_HEADER, str(sequence).encode()),
     ]
+
+
+def record_stamp(headers: Sequence[Header]) -> Stamp | None:
+    """The stamp of a managed record, from either format; None if it has none or it is
+    not one the sidecar writes (a record written around the sidecar)."""
+    for name, value in headers:
+        if name == STAMP_HEADER:
+            return _parse_stamp(value)
+    try:
+        generation = header_int(headers, GENERATION_HEADER)
+        count = header_int(headers, COUNT_HEADER)
+        sequence = header_int(headers, SEQUENCE_HEADER)
+    except ValueError:
+        return None
+    sidecar = header_value(headers, SIDECAR_HEADER)
+    if generation is None or count is None or sequence is None or sidecar is None:
+        return None
+    return Stamp(generation, count, sidecar.decode(errors="replace"), sequence)
+
+
+def routed_generation(headers: Sequence[Header]) -> int | None:
+    """The generation a record was routed with, from either format, or None. The consume
+    path asks this of records one by one, so it reads no more than that."""
+    for name, value in headers:
+        if name in (STAMP_HEADER, GENERATION_HEADER):
+            if value is None:
+                return None
+            text = bytes(value).partition(b" ")[0]
+            return int(text) if text.isdigit() else None
+    return None
+
+
+def is_stamped(headers: Sequence[Header]) -> bool:
+    """True if the record carries a sidecar's stamp, in either format."""
+    return any(name in (STAMP_HEADER, SIDECAR_HEADER) for name, _ in headers)
+
+
+def _parse_stamp(value: bytes | None) -> Stamp | None:
+    if value is None:
+        return None
+    parts = bytes(value).split(b" ")
+    if len(parts) != 4 or not (parts[0].isdigit() and parts[1].isdigit() and parts[3].isdigit()):
+        return None
+    return Stamp(int(parts[0]), int(parts[1]), parts[2].decode(errors="replace"), int(parts[3]))
 
 
 def relocation_sources(

@@ -843,7 +843,7 @@ def _repeating_header(name: str, data: bytes | None) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _header_start(name: str) -> str:
-    # A managed topic's records carry four headers each, the same names every time.
+    # A managed topic's records carry the same header names every time.
     return f'{{"name":{json.dumps(name)},"value":'
 
 

@@ -19,7 +19,7 @@ from sidecar.config import ConsumerSettings
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.generations import ChangeKind
 from sidecar.core.handoff import HandoffCallback
-from sidecar.core.placement import SIDECAR_HEADER, header_value
+from sidecar.core.placement import is_stamped
 from sidecar.metrics import SidecarMetrics
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class ConsumerMetrics:
         topic = metrics.topic_label(tp.topic, exists=True)
         metrics.delivered_records.labels(topic, str(tp.partition)).inc(len(records))
         if managed:
-            without = sum(header_value(r.headers, SIDECAR_HEADER) is None for r in records)
+            without = sum(not is_stamped(r.headers) for r in records)
             if without:
                 metrics.records_without_headers.labels(topic).inc(without)
 

@@ -39,9 +39,9 @@ from sidecar.core.errors import (
 )
 from sidecar.core.placement import (
     RELOCATION_HEADER,
-    SEQUENCE_HEADER,
-    header_int,
+    HeaderFormat,
     place_record,
+    record_stamp,
     relocation_sources,
     require_key_for_tombstone,
     sidecar_headers,
@@ -73,6 +73,7 @@ class ProduceService:
         metrics: SidecarMetrics,
     ) -> None:
         self.settings = settings
+        self.header_format = HeaderFormat(settings.produce.header_format)
         self.sidecar_id = settings.sidecar_id
         self.registry = registry
         self.kafka = kafka
@@ -209,6 +210,7 @@ class ProduceService:
                     generation.undeleted_count,
                     self.sidecar_id,
                     next(self._sequence),
+                    self.header_format,
                 ),
             ]
             outgoing.append(
@@ -258,6 +260,7 @@ class ProduceService:
                 generation.undeleted_count,
                 self.sidecar_id,
                 next(self._sequence),
+                self.header_format,
             ),
             (RELOCATION_HEADER, b"1"),
         ]
@@ -388,10 +391,10 @@ def _result(outcome: SentRecord | SendFailed) -> ProduceResult:
 
 
 def _sequence_of(record: OutgoingKafkaRecord) -> int:
-    sequence = header_int(record.headers, SEQUENCE_HEADER)
-    if sequence is None:
-        raise AssertionError("a managed record without a sequence header")
-    return sequence
+    stamp = record_stamp(record.headers)
+    if stamp is None:
+        raise AssertionError("a managed record without the sidecar's stamp")
+    return stamp.sequence
 
 
 def _hold_reason(participant: Participant) -> str:

@@ -36,7 +36,7 @@ from sidecar.core.handoff import (
     revocations_due,
     revoked_through,
 )
-from sidecar.core.placement import GENERATION_HEADER, RELOCATION_HEADER, header_value
+from sidecar.core.placement import RELOCATION_HEADER, header_value, routed_generation
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.notices import AssignmentNotices
@@ -103,8 +103,8 @@ class PartitionCheck:
         if self.decided_generation:
             # A run of the current generation ends only where the log does; a record
             # written under a generation this sidecar has not read yet must be judged.
-            written = header_value(record.headers, GENERATION_HEADER)
-            return written is None or int(written) <= self.decided_generation
+            written = routed_generation(record.headers)
+            return written is None or written <= self.decided_generation
         return True
 
     def decide_run(self, offset: int) -> None:
@@ -295,8 +295,8 @@ class Release:
     ) -> bool:
         runtime, tp = check.runtime, check.tp
         log = runtime.state.log
-        header_generation = header_value(record.headers, GENERATION_HEADER)
-        if header_generation is not None and int(header_generation) > log.current.number:
+        header_generation = routed_generation(record.headers)
+        if header_generation is not None and header_generation > log.current.number:
             # Written under a generation this sidecar has not read yet: read, then decide.
             await self.context.registry.refresh(runtime)
             return False

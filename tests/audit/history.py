@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sidecar.audit import events as audit_events
 from sidecar.audit.events import Event
+from sidecar.core.placement import sidecar_headers
 from sidecar.core.routing import partition_for_key
 
 TOPIC = "orders"
@@ -29,6 +30,7 @@ class Record:
     offset: int
     key: bytes
     generation: int
+    count: int
     producer: str
     producer_seq: int
 
@@ -37,11 +39,7 @@ class Record:
         return base64.b64encode(self.key).decode()
 
     def headers(self) -> list[tuple[str, bytes | None]]:
-        return [
-            ("ordered.generation", str(self.generation).encode()),
-            ("ordered.sidecar", self.producer.encode()),
-            ("ordered.sequence", str(self.producer_seq).encode()),
-        ]
+        return sidecar_headers(self.generation, self.count, self.producer, self.producer_seq)
 
 
 @dataclass
@@ -76,7 +74,7 @@ class History:
         self._next_offset[partition] = offset + 1
         producer_seq = self._producer_seq.get(producer, 0)
         self._producer_seq[producer] = producer_seq + 1
-        record = Record(partition, offset, key, generation, producer, producer_seq)
+        record = Record(partition, offset, key, generation, count, producer, producer_seq)
         self.emit(
             producer,
             audit_events.produce_acked(

@@ -1,7 +1,7 @@
 """Expansion and shrink through real sidecars, under load, against the real cluster.
 
 The central check: no record is written across a barrier. Every record carries the
-generation it was routed with (``ordered.generation``); the generation log says which
+generation it was routed with (its stamp, ``ordered.stamp``); the generation log says which
 generation its offset belongs to (``generation_of``). They must be equal for every
 record in every partition.
 """

@@ -13,6 +13,7 @@ import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from sidecar.core.placement import is_stamped, routed_generation
 from sidecar.core.routing import default_partition, partition_for_key
 from tests.support.sidecars import RunningSidecar, header, read_all, running_sidecars, unique
 
@@ -180,7 +181,7 @@ async def test_one_record_to_a_managed_topic(cluster: ClusterEndpoints) -> None:
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     assert record.timestamp == (datetime.fromisoformat(stamp) - epoch) // timedelta(milliseconds=1)
     assert header(record, "trace") == b"t1"
-    assert header(record, "ordered.generation") == b"0"
+    assert routed_generation(record.headers) == 0
 
 
 async def test_unmanaged_topics_pass_through_with_the_default_partitioner(
@@ -204,7 +205,7 @@ async def test_unmanaged_topics_pass_through_with_the_default_partitioner(
     assert [a["partition_id"] for a in answers] == [default_partition(k.encode(), 4) for k in keys]
     stored = await read_all(cluster, topic, 4)
     assert sum(len(rs) for rs in stored.values()) == len(keys)
-    assert all(header(r, "ordered.generation") is None for rs in stored.values() for r in rs)
+    assert not any(is_stamped(r.headers) for rs in stored.values() for r in rs)
 
 
 async def test_a_stream_keeps_going_across_a_partition_count_change(
@@ -245,7 +246,7 @@ async def test_a_stream_keeps_going_across_a_partition_count_change(
     assert len(everything) == 2 * len(keys) + 1
     for record in everything:
         round_ = json.loads(record.value)["round"]
-        assert header(record, "ordered.generation") == (b"0" if round_ == 0 else b"1")
+        assert routed_generation(record.headers) == (0 if round_ == 0 else 1)
     # Records of one stream are written in the stream's order: in every partition,
     # offsets grow with the position in the stream (24 records were in flight at once).
     for answers in (before, after):

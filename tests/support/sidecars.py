@@ -58,6 +58,7 @@ def settings_for(
     zookeeper_hosts: str | None = None,
     request_timeout_ms: int | None = None,
     transaction_lanes: int | None = None,
+    header_format: str = "stamp",
 ) -> Settings:
     """Settings of a test sidecar. The Kafka request timeout defaults to what the session
     timeout allows (``Settings.validate``: a session outlives every send)."""
@@ -78,7 +79,11 @@ def settings_for(
             session_timeout_s=session_timeout_s,
         ),
         http=HttpSettings(port=0, admin_enabled=True, admin_token=ADMIN_TOKEN),
-        produce=ProduceSettings(hold_timeout_s=hold_timeout_s, barrier_timeout_s=barrier_timeout_s),
+        produce=ProduceSettings(
+            hold_timeout_s=hold_timeout_s,
+            barrier_timeout_s=barrier_timeout_s,
+            header_format=header_format,
+        ),
         faults=FaultSettings(
             kill_after_phase=kill_after_phase,
             withhold_barrier_acks=withhold_barrier_acks,
@@ -204,13 +209,20 @@ async def stop_process(sidecar: SidecarProcess) -> None:
 
 @asynccontextmanager
 async def running_sidecars(
-    cluster: ClusterEndpoints, count: int, **options: Any
+    cluster: ClusterEndpoints,
+    count: int,
+    *,
+    header_formats: Sequence[str] = (),
+    **options: Any,
 ) -> AsyncIterator[list[RunningSidecar]]:
-    """``count`` sidecars sharing one fresh ZooKeeper root (one "deployment")."""
+    """``count`` sidecars sharing one fresh ZooKeeper root (one "deployment"); sidecar i
+    writes ``header_formats[i]`` where given (a deployment in the middle of an upgrade)."""
     root = f"/{unique('ordered-test')}"
     started: list[RunningSidecar] = []
     try:
         for index in range(count):
+            if index < len(header_formats):
+                options["header_format"] = header_formats[index]
             settings = settings_for(cluster, root, f"sc{index}", **options)
             server = SidecarServer(settings)
             await server.start()
@@ -337,9 +349,10 @@ async def produce_until(
 async def check_no_record_crossed_a_barrier(
     cluster: ClusterEndpoints, description: dict[str, Any]
 ) -> int:
-    """Every record's ``ordered.generation`` is the generation its offset lies in, and
+    """Every record's routing generation (its stamp) is the generation its offset lies in, and
     every keyed record sits where linear hashing puts its key for that generation's
     count. Returns how many records were checked."""
+    from sidecar.core.placement import record_stamp
     from sidecar.core.routing import partition_for_key
     from sidecar.core.serialization import generation_from_json, log_from_generations
 
@@ -351,13 +364,14 @@ async def check_no_record_crossed_a_barrier(
     checked = 0
     for partition, records in stored.items():
         for record in records:
-            routed_with = int(header(record, "ordered.generation") or b"-1")
+            stamp = record_stamp(record.headers)
+            assert stamp is not None, f"partition {partition} offset {record.offset}: no stamp"
+            routed_with, count = stamp.generation, stamp.count
             lies_in = log.generation_of(partition, record.offset)
             assert routed_with == lies_in, (
                 f"partition {partition} offset {record.offset} was routed with generation "
                 f"{routed_with} but lies in generation {lies_in}"
             )
-            count = int(header(record, "ordered.count") or b"0")
             assert count == log[routed_with].undeleted_count
             if record.key is not None and header(record, "ordered.relocation") is None:
                 assert partition == partition_for_key(record.key, log.initial_count, count)

@@ -7,13 +7,14 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.gate import waits_into
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.handoff import revocation_points
-from sidecar.core.placement import GENERATION_HEADER, RELOCATION_HEADER
+from sidecar.core.placement import RELOCATION_HEADER, HeaderFormat, sidecar_headers
 from sidecar.core.routing import partition_for_key
 from tests.support.chaos.checks import (
     CheckResult,
@@ -308,8 +309,12 @@ def stored(
     key: str = "k",
     value: object | None = None,
     relocation: bool = False,
+    header_format: HeaderFormat = HeaderFormat.STAMP,
 ) -> StoredRecord:
-    headers: dict[str, bytes | None] = {GENERATION_HEADER: str(generation).encode()}
+    # generation + 1 partitions: the counts of expanded_log's generations.
+    headers: dict[str, bytes | None] = dict(
+        sidecar_headers(generation, generation + 1, "sc-test", offset, header_format)
+    )
     if relocation:
         headers[RELOCATION_HEADER] = b"1"
     return StoredRecord(
@@ -322,15 +327,26 @@ def stored(
     )
 
 
-def test_barrier_finds_a_zombie_write_and_a_lost_record() -> None:
+@pytest.mark.parametrize("header_format", list(HeaderFormat))
+def test_barrier_finds_a_zombie_write_and_a_lost_record(header_format: HeaderFormat) -> None:
     log = expanded_log()
     script = Script()
     script.ack("x", 0, 0, 12, 1)  # never stored: lost
-    zombie = stored(0, 11, 0, value={"producer": 0, "key": "z", "seq": 0})
+    zombie = stored(
+        0, 11, 0, value={"producer": 0, "key": "z", "seq": 0}, header_format=header_format
+    )
     result = check_barrier(script.history, [snapshot(log, [zombie])])
     assert len(result.violations) == 2
     assert "written across a barrier" in result.violations[0]
+    assert "from sc-test sequence 11" in result.violations[0]
     assert "is not readable" in result.violations[1]
+
+
+def test_barrier_finds_a_record_without_the_stamp() -> None:
+    record = stored(0, 3, 0, value={"producer": 0, "key": "k", "seq": 0})
+    unstamped = StoredRecord(record.partition, record.offset, record.key, record.value, {}, 0)
+    result = check_barrier(Script().history, [snapshot(expanded_log(), [unstamped])])
+    assert result.violations == [f"{TOPIC}[0]@3: no stamp of the sidecar"]
 
 
 def test_barrier_finds_an_acknowledgement_across_a_barrier() -> None:

@@ -68,6 +68,11 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
         ("[http]\nkeepalive_timeout_s = -1\n", {}, "keepalive_timeout_s must be positive"),
         ("[http]\nadmin_enabled = true\n", {}, "needs http.admin_token"),
         ('[http]\naccess_log = "some"\n', {}, "http.access_log must be one of off, errors, all"),
+        (
+            '[produce]\nheader_format = "four"\n',
+            {},
+            "produce.header_format must be one of stamp, separate; got 'four'",
+        ),
         ('[zookeeper]\nroot = "ordered"\n', {}, "absolute path"),
         ("[kafka]\nclient = 3\n", {}, "kafka.client must be a table"),
         ("[http\n", {}, "not valid TOML"),

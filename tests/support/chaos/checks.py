@@ -35,13 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sidecar.core.generations import GenerationLog, PartitionMode
-from sidecar.core.placement import (
-    COUNT_HEADER,
-    GENERATION_HEADER,
-    RELOCATION_HEADER,
-    SEQUENCE_HEADER,
-    SIDECAR_HEADER,
-)
+from sidecar.core.placement import RELOCATION_HEADER, record_stamp
 from sidecar.core.routing import partition_for_key
 from tests.support.chaos.expectations import LogWaits, RevocationDue
 from tests.support.chaos.history import Delivery, Handoff, History, RecordId
@@ -509,11 +503,6 @@ def check_stale(history: History, snapshots: Sequence[TopicSnapshot]) -> CheckRe
 # 5. Barrier (zombies) --------------------------------------------------------------------
 
 
-def _header_int(record: StoredRecord, name: str) -> int | None:
-    raw = record.headers.get(name)
-    return None if raw is None else int(raw)
-
-
 def check_barrier(history: History, snapshots: Sequence[TopicSnapshot]) -> CheckResult:
     result = CheckResult(
         "barrier", "Nothing written across a barrier (zombies fenced), nothing acknowledged lost"
@@ -532,10 +521,11 @@ def check_barrier(history: History, snapshots: Sequence[TopicSnapshot]) -> Check
                 continue
             checked += 1
             where = f"{snapshot.name}[{record.partition}]@{record.offset}"
-            routed_with = _header_int(record, GENERATION_HEADER)
-            if routed_with is None:
-                result.violations.append(f"{where}: no {GENERATION_HEADER} header")
+            stamp = record_stamp(list(record.headers.items()))
+            if stamp is None:
+                result.violations.append(f"{where}: no stamp of the sidecar")
                 continue
+            routed_with = stamp.generation
             try:
                 lies_in = log.generation_of(record.partition, record.offset)
             except ValueError as exc:
@@ -546,8 +536,7 @@ def check_barrier(history: History, snapshots: Sequence[TopicSnapshot]) -> Check
             if routed_with != lies_in:
                 ident = parse_value(record.value)
                 was_acked = isinstance(ident, tuple) and ident in history.acked
-                sidecar = (record.headers.get(SIDECAR_HEADER) or b"?").decode()
-                sequence = _header_int(record, SEQUENCE_HEADER)
+                sidecar, sequence = stamp.sidecar, stamp.sequence
                 what = (
                     "written across a barrier (a zombie's late write)"
                     if routed_with < lies_in
@@ -559,17 +548,16 @@ def check_barrier(history: History, snapshots: Sequence[TopicSnapshot]) -> Check
                     f"{ident} from {sidecar} sequence {sequence}, "
                     f"{'acknowledged' if was_acked else 'not acknowledged'}"
                 )
-            count = _header_int(record, COUNT_HEADER)
+            count = stamp.count
             if (
                 record.key is not None
                 and not relocation
-                and count is not None
                 and count != log[min(routed_with, log.current.number)].undeleted_count
             ):
                 result.violations.append(
-                    f"{where}: {COUNT_HEADER} {count} is not generation {routed_with}'s count"
+                    f"{where}: stamped count {count} is not generation {routed_with}'s count"
                 )
-            if record.key is not None and not relocation and count is not None:
+            if record.key is not None and not relocation:
                 expected = partition_for_key(record.key, log.initial_count, count)
                 if expected != record.partition:
                     result.violations.append(

@@ -60,6 +60,7 @@ from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.config import KafkaSettings, Settings
 from sidecar.core.generations import PartitionMode
+from sidecar.core.placement import routed_generation
 from sidecar.core.serialization import generation_from_json, log_from_generations
 from tests.support.chaos.checks import (
     ROLL_HEADER,
@@ -658,10 +659,15 @@ class ChaosRun:
     def _deliver(self, incarnation: Incarnation, record: dict[str, Any]) -> None:
         value = None if record["value"] is None else base64.b64decode(record["value"])
         ident = parse_value(value)
-        header_generation = None
-        for header in record.get("headers") or []:
-            if header["name"] == "ordered.generation" and header["value"] is not None:
-                header_generation = int(base64.b64decode(header["value"]))
+        header_generation = routed_generation(
+            [
+                (
+                    header["name"],
+                    None if header["value"] is None else base64.b64decode(header["value"]),
+                )
+                for header in record.get("headers") or []
+            ]
+        )
         if isinstance(ident, int):
             self.history.deliver(
                 incarnation,

@@ -7,9 +7,14 @@ from hypothesis import strategies as st
 from sidecar.core.errors import InvalidRecord, PartitionReadOnly, UnknownPartition
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode, modes_after_commit
 from sidecar.core.placement import (
+    HeaderFormat,
+    Stamp,
+    is_stamped,
     place_record,
+    record_stamp,
     relocation_sources,
     require_key_for_tombstone,
+    routed_generation,
     sidecar_headers,
 )
 from sidecar.core.routing import partition_for_key
@@ -60,13 +65,74 @@ def test_a_tombstone_needs_a_key() -> None:
         require_key_for_tombstone(None, None, 3)
 
 
-def test_headers_carry_generation_count_sidecar_and_sequence() -> None:
-    assert sidecar_headers(4, 7, "sc-1", 12) == [
+def test_the_stamp_is_one_header_of_generation_count_sidecar_and_sequence() -> None:
+    assert sidecar_headers(4, 7, "sc-1", 12) == [("ordered.stamp", b"4 7 sc-1 12")]
+    assert sidecar_headers(4, 7, "sc-1", 12, HeaderFormat.SEPARATE) == [
         ("ordered.generation", b"4"),
         ("ordered.count", b"7"),
         ("ordered.sidecar", b"sc-1"),
         ("ordered.sequence", b"12"),
     ]
+
+
+_SIDECAR_IDS = st.from_regex(r"[A-Za-z0-9._-]{1,40}", fullmatch=True)
+_APP_HEADERS = st.lists(
+    st.tuples(
+        st.from_regex(r"[a-z][a-z.]{0,12}", fullmatch=True), st.none() | st.binary(max_size=8)
+    ),
+    max_size=3,
+)
+
+
+@given(
+    st.integers(0, 10**6),
+    st.integers(1, 10**4),
+    _SIDECAR_IDS,
+    st.integers(0, 2**63),
+    st.sampled_from(HeaderFormat),
+    _APP_HEADERS,
+)
+def test_either_format_reads_back_as_the_stamp_written(
+    generation: int,
+    count: int,
+    sidecar: str,
+    sequence: int,
+    header_format: HeaderFormat,
+    app_headers: list[tuple[str, bytes | None]],
+) -> None:
+    """A reader of this version reads what either format wrote, among the app's own
+    headers (which never start with ``ordered.``: produce refuses those)."""
+    headers = [*app_headers, *sidecar_headers(generation, count, sidecar, sequence, header_format)]
+    assert record_stamp(headers) == Stamp(generation, count, sidecar, sequence)
+    assert routed_generation(headers) == generation
+    assert is_stamped(headers)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [("app", b"1")],
+        [("ordered.stamp", None)],
+        [("ordered.stamp", b"4 7 sc-1")],
+        [("ordered.stamp", b"4 7 sc 1 12")],
+        [("ordered.stamp", b"x 7 sc-1 12")],
+        [("ordered.stamp", b"-4 7 sc-1 12")],
+        [("ordered.generation", b"4"), ("ordered.sidecar", b"sc-1")],
+        [
+            ("ordered.generation", b"four"),
+            ("ordered.count", b"7"),
+            ("ordered.sidecar", b"sc-1"),
+            ("ordered.sequence", b"12"),
+        ],
+    ],
+)
+def test_a_stamp_the_sidecar_does_not_write_is_no_stamp(
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    """Records written around the sidecar may carry anything; they are read as unstamped,
+    never as an error that would stop a partition's delivery."""
+    assert record_stamp(headers) is None
 
 
 @given(st.binary(min_size=1, max_size=12), st.lists(st.integers(2, 16), min_size=1, max_size=5))
