@@ -85,7 +85,7 @@ class Plan:
     max_bytes: int
 
 
-FULL = Plan(sizes=(100, 1024), records={100: 200_000, 1024: 200_000}, rounds=2, max_bytes=4 * MIB)
+FULL = Plan(sizes=(100, 1024), records={100: 200_000, 1024: 200_000}, rounds=4, max_bytes=4 * MIB)
 QUICK = Plan(sizes=(100, 1024), records={100: 20_000, 1024: 10_000}, rounds=1, max_bytes=4 * MIB)
 
 DIRECT, SIDECAR_ONE, SIDECAR_TWO = "direct", "sidecar-1", "sidecar-2"
