@@ -96,9 +96,9 @@ Extensions of this project:
   consumer can see the generation and count a record was routed with. ``"app"`` leaves
   out the ``ordered.*`` headers and keeps the application's own; ``"none"`` writes no
   headers, which is REST Proxy v2's own record shape. The sidecar's headers are not what
-  the app wrote, and on small records they are most of a response (four entries of some
-  45 bytes each against a 100-byte value's 136 of base64), so an app that does not read
-  them saves their encoding, transfer and parsing. The audit is not affected: it records
+  the app wrote, and on small records they are a good part of a response (the stamp's
+  entry is some 75 bytes against a 100-byte value's 136 of base64), so an app that does
+  not read them saves their encoding, transfer and parsing. The audit is not affected: it records
   a delivery from the record the sidecar read, not from the response.
 """
 
