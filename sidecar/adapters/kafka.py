@@ -348,6 +348,20 @@ class KafkaGateway:
             raise UnknownTopic(f"topic {topic} does not exist")
         return count
 
+    async def existing_partition_count(self, topic: str) -> int:
+        """The partition count of a topic Kafka just reported as existing (TopicExists).
+
+        Another process may have created it a moment ago, and the broker this metadata
+        request goes to may not list it yet: asked again until it does, for up to the
+        request timeout. Raises KafkaUnavailable after that, KafkaFailure.
+        """
+        deadline = time.monotonic() + self._timeout_s
+        while (count := await self._partition_count_or_none(topic)) is None:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"topic {topic} exists but metadata does not show it")
+            await asyncio.sleep(self._settings.retry_backoff_s)
+        return count
+
     async def create_topic(
         self,
         topic: str,

@@ -63,7 +63,9 @@ class AuditEmitter:
             # not list the new topic yet.
             self._partitions = self.settings.partitions
         except TopicExists:
-            self._partitions = await self.kafka.partition_count(self.settings.topic)
+            # Perhaps created by another sidecar starting beside this one, in which case
+            # the broker asked may not list it yet (a sidecar of the demo stopped here).
+            self._partitions = await self.kafka.existing_partition_count(self.settings.topic)
         self._task = asyncio.create_task(self._send_forever())
 
     async def stop(self) -> None:

@@ -1,14 +1,17 @@
-"""The Kafka adapter's hold on aiokafka internals it depends on."""
+"""The Kafka adapter's hold on aiokafka internals it depends on, and its waits on metadata."""
 
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Iterator
 
 import pytest
 from aiokafka.producer import sender as aiokafka_sender
 
-from sidecar.adapters.kafka import set_transaction_poll
+from sidecar.adapters.kafka import KafkaGateway, set_transaction_poll
+from sidecar.config import KafkaSettings
+from sidecar.core.errors import KafkaUnavailable
 
 
 @pytest.fixture
@@ -32,3 +35,32 @@ def test_the_transaction_poll_setting_reaches_aiokafka() -> None:
     assert aiokafka_sender.BACKOFF_OVERRIDE == 0.005
     set_transaction_poll(2.0)
     assert aiokafka_sender.BACKOFF_OVERRIDE == 0.002
+
+
+def _gateway_whose_metadata_answers(answers: list[int | None]) -> tuple[KafkaGateway, list[float]]:
+    gateway = KafkaGateway(KafkaSettings(request_timeout_ms=300, retry_backoff_s=0.01))
+    asked: list[float] = []
+
+    async def partition_count_or_none(topic: str) -> int | None:
+        asked.append(time.monotonic())
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    gateway._partition_count_or_none = partition_count_or_none  # type: ignore[method-assign]
+    return gateway, asked
+
+
+async def test_a_topic_reported_existing_is_asked_for_until_metadata_lists_it() -> None:
+    # Three sidecars of the demo start together; the one whose create loses the race
+    # asked a broker that had not heard of the topic yet, and stopped.
+    gateway, asked = _gateway_whose_metadata_answers([None, None, 6])
+    assert await gateway.existing_partition_count("audit") == 6
+    assert len(asked) == 3
+
+
+async def test_a_topic_metadata_never_lists_is_unavailable_after_the_request_timeout() -> None:
+    gateway, asked = _gateway_whose_metadata_answers([None])
+    with pytest.raises(KafkaUnavailable, match="audit exists but metadata does not show it"):
+        await gateway.existing_partition_count("audit")
+    # Asked again and again until the 300 ms request timeout had passed, not once.
+    assert len(asked) > 2
+    assert asked[-1] - asked[0] >= 0.3
