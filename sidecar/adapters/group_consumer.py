@@ -10,9 +10,10 @@ core's ``TopicPartition`` and records as aiokafka returns them (they have the
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTopicPartition
@@ -30,7 +31,20 @@ from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import KafkaUnavailable
 from sidecar.core.generations import PartitionMode
 
-Fetched = dict[TopicPartition, list[ConsumedRecord]]
+Batches = dict[TopicPartition, list[ConsumedRecord]]
+
+_incarnations = itertools.count(1)
+"""Numbers for aiokafka's assignments, increasing across every consumer of the process."""
+
+
+class Fetched(NamedTuple):
+    """What one fetch returned, observed in the step it returned in (nothing else of the
+    consumer can run in between): the assignment it was read from, the records, and every
+    assigned partition's position right after it (where known)."""
+
+    incarnation: int
+    batches: Batches
+    positions: dict[TopicPartition, int]
 
 
 class RebalanceHandler(Protocol):
@@ -113,6 +127,8 @@ class GroupConsumer:
 
     def __init__(self, consumer: AIOKafkaConsumer) -> None:
         self._consumer = consumer
+        self._assignment_seen: object = None
+        self._incarnation = next(_incarnations)
 
     @classmethod
     async def start(
@@ -162,6 +178,19 @@ class GroupConsumer:
     def assignment(self) -> set[TopicPartition]:
         return _core_set(self._consumer.assignment())
 
+    def incarnation(self) -> int:
+        """The number of aiokafka's current assignment. aiokafka makes a new assignment
+        object at every rebalance and manual assignment, whose positions start from the
+        group's committed offsets; a number that changes with it tells which assignment
+        a fetch or a position belongs to (``sidecar.core.positions``)."""
+        subscription = self._consumer._subscription.subscription
+        assignment = None if subscription is None else subscription.assignment
+        if assignment is not self._assignment_seen:
+            # Held, not only compared by id: a freed object's id can be reused.
+            self._assignment_seen = assignment
+            self._incarnation = next(_incarnations)
+        return self._incarnation
+
     def request_rejoin(self) -> None:
         """Ask the group to rebalance: what aiokafka's coordinator itself calls when its
         metadata changes (it does not when only the assignor's answer would)."""
@@ -175,12 +204,25 @@ class GroupConsumer:
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
         self._consumer.resume(*_kafka_list(partitions))
 
-    async def getmany(self, timeout_ms: int) -> Fetched:
+    async def fetch(self, timeout_ms: int) -> Fetched:
+        """Records fetched within ``timeout_ms``, with the assignment they were read from
+        and the positions after them. Raises KafkaUnavailable."""
         try:
             batches = await self._consumer.getmany(timeout_ms=timeout_ms)
         except KafkaError as exc:
             raise KafkaUnavailable(f"fetching failed: {exc}") from exc
-        return {TopicPartition(tp.topic, tp.partition): records for tp, records in batches.items()}
+        # Same step as aiokafka's drain (its getmany returns without yielding after it):
+        # the positions are those the records left, in the assignment they came from.
+        positions = {}
+        for tp in self.assignment():
+            position = self.fetch_position(tp)
+            if position is not None:
+                positions[tp] = position
+        return Fetched(
+            self.incarnation(),
+            {TopicPartition(tp.topic, tp.partition): records for tp, records in batches.items()},
+            positions,
+        )
 
     def fetch_position(self, tp: TopicPartition) -> int | None:
         """The consumer's position in ``tp`` (the offset after the last record, marker or

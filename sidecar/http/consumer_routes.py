@@ -204,7 +204,7 @@ async def records(request: web.Request) -> web.StreamResponse:
         except (ConnectionError, asyncio.CancelledError):
             instance.undeliver(result)
             raise
-        instance.audit_delivered(result)
+        instance.sent(result)
     return response
 
 

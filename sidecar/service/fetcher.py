@@ -1,43 +1,49 @@
-"""Fetching from the instance's Kafka consumer into its partition buffers.
+"""Fetching from the instance's Kafka consumer into its positions model.
 
 Partitions whose buffers are full are paused (re-applied every fetch: a rebalance
 forgets pauses). A fetch still waiting when the poll's time is up is left running and
-taken up by the next poll.
+taken up by the next poll; whether its records still belong to a live reading of their
+partition is the positions model's decision (``sidecar.core.positions``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
-from sidecar.adapters.group_consumer import Fetched, GroupConsumer
+from sidecar.adapters.group_consumer import GroupConsumer
+from sidecar.core.consume import ConsumedRecord
+from sidecar.core.positions import Fetch, Positions
 from sidecar.service.notices import AssignmentNotices
-from sidecar.service.partitions import PartitionBuffers
+
+_log = logging.getLogger(__name__)
 
 
 class Fetcher:
     def __init__(
         self,
-        buffers: PartitionBuffers,
+        positions: Positions[ConsumedRecord],
         notices: AssignmentNotices,
         *,
         buffer_limit: int,
         grace_s: float,
     ) -> None:
-        self.buffers = buffers
+        self.positions = positions
         self.notices = notices
         self.buffer_limit = buffer_limit
         self.grace_s = grace_s
         """How much longer than its own timeout a poll waits for the consumer's fetch."""
-        self._fetching: asyncio.Future[tuple[int, Fetched]] | None = None
-        """A getmany still waiting for a rebalance to end, taken up by the next poll."""
+        self._fetching: asyncio.Future[Fetch[ConsumedRecord]] | None = None
+        """A fetch still waiting for a rebalance to end, taken up by the next poll."""
 
     async def fetch(self, consumer: GroupConsumer, wait_s: float) -> None:
-        """Take what the consumer fetches within ``wait_s`` into the buffers. Raises
-        KafkaUnavailable."""
+        """Take what the consumer fetches within ``wait_s`` into the positions model.
+        Raises KafkaUnavailable."""
         assigned = consumer.assignment()
-        self.notices.forget(self.buffers.keep_only(assigned))
-        paused = self.buffers.full(assigned, self.buffer_limit)
+        gone = self.positions.follow(assigned, consumer.incarnation())
+        self.notices.forget([tp for tp in gone if tp not in assigned])
+        paused = self.positions.full(assigned, self.buffer_limit)
         # Re-applied every time: a rebalance forgets pauses.
         consumer.resume([tp for tp in assigned if tp not in paused])
         if paused:
@@ -50,24 +56,30 @@ class Fetcher:
         # longer than asked and leaves it running (not cancelled: aiokafka would lose
         # count of its fetches); a later poll takes its records.
         if self._fetching is None:
-            self._fetching = asyncio.ensure_future(self._getmany(consumer, wait_s))
+            self._fetching = asyncio.ensure_future(self._fetch(consumer, wait_s))
             self._fetching.add_done_callback(_retrieve_outcome)
         done, _ = await asyncio.wait({self._fetching}, timeout=wait_s + self.grace_s)
         if not done:
             return
         fetching, self._fetching = self._fetching, None
-        fetched_in, batches = fetching.result()
-        self.buffers.take(batches, fetched_in=fetched_in, assigned=consumer.assignment())
-        # The positions moved with the records just taken (and past the markers and
-        # aborted records among and after them); nothing else moves them until the next
-        # fetch, so they are read here, once.
-        self.buffers.note_positions(assigned, consumer.fetch_position)
+        for dropped in self.positions.take(fetching.result()):
+            _log.info(
+                "%s[%d]: fetch of %d..%d not taken, %s: the consumer reads them again from "
+                "its new position",
+                dropped.tp.topic,
+                dropped.tp.partition,
+                dropped.first,
+                dropped.last,
+                dropped.reason,
+            )
 
-    async def _getmany(self, consumer: GroupConsumer, wait_s: float) -> tuple[int, Fetched]:
-        batches = await consumer.getmany(timeout_ms=int(wait_s * 1000))
-        # Read in the same step as the fetch returns, before a rebalance listener or a
-        # seek can run: the batches belong to the partitions' states of this epoch.
-        return self.buffers.epoch, batches
+    async def _fetch(self, consumer: GroupConsumer, wait_s: float) -> Fetch[ConsumedRecord]:
+        fetched = await consumer.fetch(timeout_ms=int(wait_s * 1000))
+        # Read in the same step as the fetch returned, before a seek can run: a fetch
+        # taken after a later seek of its partition is dropped.
+        return Fetch(
+            fetched.incarnation, self.positions.seek_epoch, fetched.batches, fetched.positions
+        )
 
     def cancel(self) -> None:
         if self._fetching is not None:

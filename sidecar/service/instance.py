@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 from sidecar.adapters.callbacks import CallbackClient
 from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions
-from sidecar.core.consume import TopicPartition
+from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
+from sidecar.core.positions import Positions
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.fetcher import Fetcher
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.notices import AssignmentNotices
 from sidecar.service.offsets import Offsets
-from sidecar.service.partitions import PartitionBuffers
 from sidecar.service.release import PollResult, Release
 from sidecar.service.waits import GateWaits
 
@@ -74,7 +74,7 @@ class ConsumerInstance:
             self._callbacks = context.callback_client(
                 config.callback_url, config.callback_timeout_s
             )
-        self.partitions = PartitionBuffers()
+        self.partitions: Positions[ConsumedRecord] = Positions()
         self.handoff = HandoffTeller(config.group, config.name, context.store, self._callbacks)
         self.waits = GateWaits(config.group, instance_key, context.store, context.metrics)
         delivery_lock = asyncio.Lock()
@@ -143,7 +143,7 @@ class ConsumerInstance:
         """
         await self._stop_consumer()
         self.subscription, self.pattern, self.manual = [], None, []
-        self.partitions.clear()
+        self.partitions.reset()
         self.notices.forget()
 
     async def assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
@@ -157,7 +157,7 @@ class ConsumerInstance:
         consumer = await self._ensure_consumer()
         consumer.assign(partitions)
         self.manual = list(partitions)
-        self.partitions.replace_all(partitions)
+        self.partitions.follow(partitions, consumer.incarnation())
 
     def subscribed_topics(self) -> list[str]:
         """The topics named, or those a pattern matches now (as Kafka's consumer says)."""
@@ -210,8 +210,10 @@ class ConsumerInstance:
         """Put back what was released but could not be sent to the app."""
         self.release.undeliver(result)
 
-    def audit_delivered(self, result: PollResult) -> None:
-        """Record what reached the app (called once the response is encoded)."""
+    def sent(self, result: PollResult) -> None:
+        """The response carrying ``result`` reached the app: its records count as
+        delivered (what a commit may cover from now on), and are audited."""
+        self.release.sent()
         self.release.audit_delivered(result)
 
     async def acknowledge_events(self, event_ids: Iterable[int]) -> None:
@@ -241,7 +243,7 @@ class ConsumerInstance:
         self.require_assigned(offsets)
         for tp, offset in offsets.items():
             consumer.seek(tp, offset)
-            self.partitions.reset(tp, delivered=offset)
+            self.partitions.seek(tp, offset, consumer.incarnation())
 
     async def seek_to_timestamps(self, timestamps: Mapping[TopicPartition, int]) -> None:
         consumer = self._require_consumer()
@@ -260,9 +262,13 @@ class ConsumerInstance:
         self.require_assigned(partitions)
         if not partitions:
             return  # an empty list seeks none (aiokafka would read it as "all assigned")
+        # A new reading from here: a fetch that returns before the seek is dropped; one
+        # from the new position, returning before it is known, is kept.
+        for tp in partitions:
+            self.partitions.begin_seek(tp, consumer.incarnation())
         await consumer.seek_to(partitions, beginning=beginning)
         for tp in partitions:
-            self.partitions.reset(tp, delivered=await consumer.position(tp))
+            self.partitions.seek_landed(tp, await consumer.position(tp))
 
     # Rebalances (the group consumer's RebalanceHandler) -------------------------------------
 
@@ -292,13 +298,18 @@ class ConsumerInstance:
     async def partitions_assigned(self, partitions: set[TopicPartition]) -> None:
         # Buffers start empty; positions come from the group's committed offsets.
         ordered = sorted(partitions)
-        for tp in ordered:
-            self.partitions.ensure(tp)
+        if self._consumer is not None:
+            self.partitions.follow(ordered, self._consumer.incarnation())
         await self.notices.tell_assigned(ordered)
 
     def revoked(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)
-        self.partitions.forget(gone)
+        if self._consumer is None:
+            self.partitions.reset()
+        else:
+            # The whole assignment goes, with aiokafka's eager rebalancing, and no state
+            # is made for it again (aiokafka reports it until the next one is in).
+            self.partitions.revoked(self._consumer.incarnation())
         self.handoff.partitions_lost(gone)
 
     # Life cycle ---------------------------------------------------------------------------

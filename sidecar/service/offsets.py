@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.audit import events as audit_events
-from sidecar.core.consume import TopicPartition
+from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
 from sidecar.core.handoff import Subject, revocations_crossed
+from sidecar.core.positions import Positions
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.handoff import HandoffTeller
-from sidecar.service.partitions import PartitionBuffers
 
 _log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Offsets:
         group: str,
         instance_id: str,
         context: ConsumeContext,
-        buffers: PartitionBuffers,
+        positions: Positions[ConsumedRecord],
         teller: HandoffTeller,
         *,
         consumer: Callable[[], GroupConsumer],
@@ -45,7 +45,7 @@ class Offsets:
         self.group = group
         self.instance_id = instance_id
         self.context = context
-        self.buffers = buffers
+        self.positions = positions
         self.teller = teller
         self._consumer = consumer
         """The instance's consumer; raises ConsumerStateConflict if it has none."""
@@ -64,12 +64,12 @@ class Offsets:
         if offsets is None:
             offsets = {
                 tp: state.delivered
-                for tp, state in self.buffers.items()
+                for tp, state in self.positions.items()
                 if state.delivered is not None
             }
         widened = {}
         for tp, offset in offsets.items():
-            state = self.buffers.get(tp)
+            state = self.positions.get(tp)
             if state is None:
                 raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
             if state.delivered is None or offset > state.delivered:
@@ -80,18 +80,18 @@ class Offsets:
             # The app names the last record it processed; what lies between it and the
             # delivered position was never for the app (markers, aborted records,
             # relocation tombstones), so the commit covers it too.
-            widened[tp] = state.delivered if offset == state.released_to else offset
+            widened[tp] = state.delivered if offset == state.sent_to else offset
         to_commit: dict[TopicPartition, int] = {}
         for tp, offset in widened.items():
             await self._revoke_before(tp, offset)
             to_commit[tp] = offset
         if not to_commit:
             return
+        states = {tp: self.positions.get(tp) for tp in to_commit}
         await consumer.commit(to_commit)
         for tp, offset in to_commit.items():
-            state = self.buffers.get(tp)
-            if state is not None:
-                state.committed = offset
+            if self.positions.get(tp) is states[tp]:  # not replaced by a rebalance meanwhile
+                self.positions.committed(tp, offset)
             self.context.audit.emit(
                 audit_events.committed(
                     group=self.group,
@@ -116,7 +116,7 @@ class Offsets:
         runtime = await self.context.registry.runtime(tp.topic)
         if runtime is None or not runtime.state.config.ordered_delivery:
             return
-        state = self.buffers.get(tp)
+        state = self.positions.get(tp)
         if state is None:
             # A rebalance took the partition while an earlier one of this commit waited
             # for its app: its new owner commits it now.
@@ -143,7 +143,7 @@ class Offsets:
         """
         pending: list[Subject] = []
         for tp in partitions:
-            state = self.buffers.get(tp)
+            state = self.positions.get(tp)
             runtime = self.context.registry.topics.get(tp.topic)
             if state is None or state.delivered is None or runtime is None:
                 continue
@@ -174,7 +174,7 @@ class Offsets:
             return
         self._last_auto_commit = time.monotonic()
         offsets = {}
-        for tp, state in self.buffers.items():
+        for tp, state in self.positions.items():
             if state.delivered is None or state.delivered == state.committed:
                 continue
             target = state.delivered
@@ -196,12 +196,12 @@ class Offsets:
 
     async def help_waiters(self) -> None:
         """Commit at once what waiters need (the caller auto-commits)."""
-        for topic in self.buffers.topics():
+        for topic in self.positions.topics():
             try:
                 waits = await self.context.store.waits(self.group, topic)
             except SidecarError:
                 continue
-            for tp, state in self.buffers.items():
+            for tp, state in self.positions.items():
                 if tp.topic != topic or state.delivered is None:
                     continue
                 boundary = waits.get(tp.partition)

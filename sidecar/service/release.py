@@ -37,10 +37,10 @@ from sidecar.core.handoff import (
     revoked_through,
 )
 from sidecar.core.placement import RELOCATION_HEADER, header_value, routed_generation
+from sidecar.core.positions import PartitionPosition, Positions
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.notices import AssignmentNotices
-from sidecar.service.partitions import PartitionBuffers, PartitionState
 from sidecar.service.registry import TopicRuntime
 from sidecar.service.waits import GateWaits
 
@@ -143,7 +143,7 @@ class Release:
         group: str,
         instance_id: str,
         context: ConsumeContext,
-        buffers: PartitionBuffers,
+        positions: Positions[ConsumedRecord],
         teller: HandoffTeller,
         waits: GateWaits,
         notices: AssignmentNotices,
@@ -155,7 +155,7 @@ class Release:
         self.group = group
         self.instance_id = instance_id
         self.context = context
-        self.buffers = buffers
+        self.positions = positions
         self.teller = teller
         self.waits = waits
         self.notices = notices
@@ -187,9 +187,16 @@ class Release:
     def undeliver(self, result: PollResult) -> None:
         """Put back what was released but could not be sent to the app."""
         self.notices.put_back(result.notices)
-        self.buffers.undeliver(result.records)
+        self.positions.unsent()
+
+    def sent(self) -> None:
+        """The last response reached the app: what it released counts as delivered."""
+        self.positions.sent()
 
     async def _release_locked(self, max_bytes: int | None) -> PollResult:
+        # A response is confirmed or put back before the next poll; one neither (a
+        # failure between the two) is put back: delivered twice, never skipped.
+        self.positions.unsent()
         released: list[ConsumedRecord] = []
         events = await self.teller.pending_events()
         # Under the delivery lock, which the rebalance listener takes to queue them.
@@ -213,8 +220,8 @@ class Release:
         released_from: set[TopicPartition] = set()
         progress_by_topic: dict[str, GroupProgress] = {}
         registry = self.context.registry
-        for tp in sorted(self.buffers):
-            state = self.buffers.get(tp)
+        for tp in sorted(self.positions):
+            state = self.positions.get(tp)
             if state is None:
                 continue  # revoked by a rebalance while this loop awaited
             if self.notices.must_tell_assigned(tp, manual=self._manual()):
@@ -226,7 +233,9 @@ class Release:
             check = PartitionCheck(self, runtime, tp, progress_by_topic) if gated else None
             released_before = len(released)
             full = False
-            while state.buffer and tp not in self._revoking:
+            # A rebalance's listener replaces the states only under the delivery lock,
+            # held here; the identity check keeps that an invariant, not a hope.
+            while state.buffer and tp not in self._revoking and self.positions.get(tp) is state:
                 record = state.buffer[0]
                 # Relocation tombstones are tombstones: only null values are looked at.
                 if (
@@ -234,26 +243,23 @@ class Release:
                     and runtime is not None
                     and header_value(record.headers, RELOCATION_HEADER) == b"1"
                 ):
-                    state.buffer.popleft()
-                    state.delivered = record.offset + 1
+                    self.positions.skip(tp)
                     continue
                 if check is not None and not check.decided(record):
                     if not await self._gate_allows(check, record, events):
                         break
                     if not await self._revoked_before(check, record.offset, events):
                         break
-                    if tp in self._revoking:
+                    if tp in self._revoking or self.positions.get(tp) is not state:
                         break  # a rebalance started while the gate was consulted
                     check.decide_run(record.offset)
                 record_size = len(record.key or b"") + len(record.value or b"")
                 if max_bytes is not None and released and size + record_size > max_bytes:
                     full = True
                     break
-                state.buffer.popleft()
-                state.delivered = state.released_to = record.offset + 1
+                self.positions.release(tp)
                 size += record_size
                 released.append(record)
-            state.skip_invisible()
             # Events go before records in a response: a revocation told alongside the
             # partition's last records would reach the app before them. Next poll, then.
             if check is not None and tp not in self._revoking and len(released) == released_before:
@@ -277,16 +283,26 @@ class Release:
         assigned = consumer.assignment()
         if released_from <= assigned:
             return result  # the common case, decided per partition, not per record
-        kept = self.buffers.keep_assigned(result.records, assigned)
+        lost = {tp for tp in released_from if tp not in assigned}
+        for tp in sorted(lost):
+            _log.info(
+                "%s[%d]: released records put back, the partition was lost to a rebalance",
+                tp.topic,
+                tp.partition,
+            )
+        # Never committed as delivered: the partition's next owner delivers them.
+        self.positions.unsent(lost)
+        kept = [r for r in result.records if TopicPartition(r.topic, r.partition) not in lost]
         return PollResult(kept, result.events, result.notices)
 
-    def _record_lag(self, tp: TopicPartition, state: PartitionState) -> None:
+    def _record_lag(self, tp: TopicPartition, state: PartitionPosition[ConsumedRecord]) -> None:
         consumer = self._consumer()
-        if consumer is None or state.delivered is None:
+        released_to = state.released_to
+        if consumer is None or released_to is None:
             return
         highwater = consumer.highwater(tp)
         if highwater is not None:
-            self.context.metrics.lag(self.group, tp, max(0, highwater - state.delivered))
+            self.context.metrics.lag(self.group, tp, max(0, highwater - released_to))
 
     # The gate -----------------------------------------------------------------------------
 
@@ -355,7 +371,10 @@ class Release:
         return True
 
     async def _tell_due_revocations(
-        self, check: PartitionCheck, state: PartitionState, events: list[HandoffEvent]
+        self,
+        check: PartitionCheck,
+        state: PartitionPosition[ConsumedRecord],
+        events: list[HandoffEvent],
     ) -> None:
         """Tell the app of every change that moved keys away from this partition at a
         boundary it has delivered up to and the group has not acknowledged yet.

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from sidecar.adapters.group_consumer import Fetched
 from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
@@ -167,6 +168,8 @@ class GroupConsumer:
     stopped: bool = False
     handler: Any = None
     subscribed: tuple[Sequence[str], str | None] | None = None
+    incarnations: int = 0
+    assignment_seen: frozenset[TopicPartition] | None = None
 
     def subscribe(self, topics: Sequence[str], pattern: str | None, handler: Any) -> None:
         self.subscribed, self.handler = (list(topics), pattern), handler
@@ -189,12 +192,25 @@ class GroupConsumer:
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
         self.paused -= set(partitions)
 
-    async def getmany(self, timeout_ms: int) -> dict[TopicPartition, list[Record]]:
+    def incarnation(self) -> int:
+        """A new number whenever the assignment changed since last asked (or
+        ``new_assignment`` said a rebalance gave the same partitions again)."""
+        current = frozenset(self.assigned)
+        if current != self.assignment_seen:
+            self.assignment_seen = current
+            self.incarnations += 1
+        return self.incarnations
+
+    def new_assignment(self) -> None:
+        self.assignment_seen = None
+
+    async def fetch(self, timeout_ms: int) -> Fetched:
         fetched, self.next_fetch = self.next_fetch, {}
         for tp, batch in fetched.items():
             if batch:
                 self.positions[tp] = batch[-1].offset + 1
-        return fetched
+        positions = {tp: p for tp in self.assigned if (p := self.positions.get(tp)) is not None}
+        return Fetched(self.incarnation(), dict(fetched), positions)  # type: ignore[arg-type]
 
     def fetch_position(self, tp: TopicPartition) -> int | None:
         return self.positions.get(tp) if tp in self.assigned else None

@@ -10,6 +10,7 @@ from sidecar.core.errors import BadRequest, ConsumerStateConflict
 from sidecar.core.generations import Boundary
 from sidecar.core.placement import GENERATION_HEADER
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
+from sidecar.service.release import PollResult
 from tests.unit.service import fakes
 
 TP0 = TopicPartition("t", 0)
@@ -31,6 +32,13 @@ async def _subscribed(
     return instance
 
 
+async def _poll(instance: ConsumerInstance, timeout_s: float, max_bytes: int | None) -> PollResult:
+    """A poll whose response reached the app, as the HTTP layer confirms it."""
+    result = await instance.poll(timeout_s, max_bytes)
+    instance.sent(result)
+    return result
+
+
 async def _assign(context: fakes.Context, instance: ConsumerInstance, *tps: TopicPartition) -> None:
     context.consumer.assigned = set(tps)
     await instance.partitions_assigned(set(tps))
@@ -43,7 +51,7 @@ async def test_an_unmanaged_topic_is_delivered_in_offset_order() -> None:
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 4)}
     context.consumer.highwaters[TP0] = 9
-    result = await instance.poll(0.05, None)
+    result = await _poll(instance, 0.05, None)
     assert [r.offset for r in result.records] == [0, 1, 2, 3, 4]
     assert context.metrics.delivered_counts == {TP0: 5}
     assert context.metrics.lags == {TP0: 4}
@@ -54,9 +62,9 @@ async def test_a_poll_stops_at_max_bytes_and_keeps_the_rest() -> None:
     instance = await _subscribed(context)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 4)}
-    first = await instance.poll(0.05, 4)  # each record is 2 bytes (key and value)
+    first = await _poll(instance, 0.05, 4)  # each record is 2 bytes (key and value)
     assert [r.offset for r in first.records] == [0, 1]
-    second = await instance.poll(0.05, None)
+    second = await _poll(instance, 0.05, None)
     assert [r.offset for r in second.records] == [2, 3, 4]
 
 
@@ -69,7 +77,7 @@ async def test_a_gated_record_waits_for_the_group_and_keys_assigned() -> None:
     instance = await _subscribed(context)
     await _assign(context, instance, TP1)
     context.consumer.next_fetch = {TP1: fakes.records("t", 1, 0, 1)}
-    held = await instance.poll(0.03, None)
+    held = await _poll(instance, 0.03, None)
     assert held.records == []
     assert held.events == []
     assert context.store.waiting == [("g", "t", 0, 5, "s-i")]
@@ -77,7 +85,7 @@ async def test_a_gated_record_waits_for_the_group_and_keys_assigned() -> None:
 
     context.offsets.committed[("g", "t")] = {0: 5}
     context.store.acknowledged.append(("g", "t", 0, 1))
-    told = await instance.poll(0.03, None)
+    told = await _poll(instance, 0.03, None)
     assert told.records == []
     assert [(e.kind.value, e.partition, e.generation) for e in told.events] == [
         ("keys_assigned", 1, 1)
@@ -87,7 +95,7 @@ async def test_a_gated_record_waits_for_the_group_and_keys_assigned() -> None:
     assert [e["type"] for e in context.audit.events] == ["gate_opened"]
 
     await instance.acknowledge_events([told.events[0].event_id])
-    released = await instance.poll(0.03, None)
+    released = await _poll(instance, 0.03, None)
     assert [r.offset for r in released.records] == [0, 1]
     assert released.events == []
 
@@ -100,7 +108,7 @@ async def test_relocation_tombstones_are_skipped_but_count_as_delivered() -> Non
     context.consumer.next_fetch = {
         TP0: [fakes.Record("t", 0, 0), fakes.tombstone("t", 0, 1), fakes.Record("t", 0, 2)]
     }
-    result = await instance.poll(0.05, None)
+    result = await _poll(instance, 0.05, None)
     assert [r.offset for r in result.records] == [0, 2]
     await instance.commit(None)
     assert context.consumer.commits == [{TP0: 3}]
@@ -113,13 +121,14 @@ async def test_a_commit_names_the_last_record_and_covers_what_follows_it() -> No
     instance = await _subscribed(context)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 2)}
-    await instance.poll(0.05, None)
+    await _poll(instance, 0.05, None)
     context.consumer.positions[TP0] = 4  # a marker at 3
-    await instance.poll(0.02, None)
+    await _poll(instance, 0.02, None)
     await instance.commit({TP0: 3})
     assert context.consumer.commits == [{TP0: 4}]
     assert context.metrics.commits == 1
-    assert [(e["type"], e["offset"]) for e in context.audit.events] == [("committed", 4)]
+    commits = [e for e in context.audit.events if e["type"] == "committed"]
+    assert [(e["type"], e["offset"]) for e in commits] == [("committed", 4)]
 
 
 async def test_a_commit_beyond_the_delivered_position_is_refused() -> None:
@@ -127,7 +136,7 @@ async def test_a_commit_beyond_the_delivered_position_is_refused() -> None:
     instance = await _subscribed(context)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 2)}
-    await instance.poll(0.05, None)
+    await _poll(instance, 0.05, None)
     with pytest.raises(BadRequest, match="beyond the delivered position 3"):
         await instance.commit({TP0: 7})
     with pytest.raises(BadRequest, match="not assigned"):
@@ -143,11 +152,11 @@ async def test_a_commit_past_an_unacknowledged_revocation_is_refused() -> None:
     instance = await _subscribed(context)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 1)}
-    result = await instance.poll(0.05, None)
+    result = await _poll(instance, 0.05, None)
     assert [r.offset for r in result.records] == [0, 1]
     with pytest.raises(ConsumerStateConflict, match="acknowledge event 1"):
         await instance.commit(None)
-    told = await instance.poll(0.02, None)
+    told = await _poll(instance, 0.02, None)
     assert [(e.kind.value, e.partition) for e in told.events] == [("keys_revoked", 0)]
     await instance.acknowledge_events([told.events[0].event_id])
     assert context.store.acknowledged == [("g", "t", 0, 1)]
@@ -164,13 +173,13 @@ async def test_a_released_run_stops_at_a_revocation_until_the_app_is_told() -> N
     instance = await _subscribed(context)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 9)}
-    first = await instance.poll(0.05, None)
+    first = await _poll(instance, 0.05, None)
     assert [r.offset for r in first.records] == [0, 1, 2, 3, 4]
-    told = await instance.poll(0.02, None)
+    told = await _poll(instance, 0.02, None)
     assert told.records == []
     assert [(e.kind.value, e.partition) for e in told.events] == [("keys_revoked", 0)]
     await instance.acknowledge_events([told.events[0].event_id])
-    rest = await instance.poll(0.02, None)
+    rest = await _poll(instance, 0.02, None)
     assert [r.offset for r in rest.records] == [5, 6, 7, 8, 9]
 
 
@@ -189,7 +198,7 @@ async def test_a_record_of_a_generation_not_read_yet_ends_the_released_run() -> 
             for offset, generation in enumerate(written_under)
         ]
     }
-    result = await instance.poll(0.03, None)
+    result = await _poll(instance, 0.03, None)
     assert [r.offset for r in result.records] == [0, 1, 2]
     assert context.registry.refreshed >= 1
     assert [r.offset for r in instance.partitions[TP0].buffer] == [3]
@@ -207,7 +216,7 @@ async def test_a_released_run_ends_where_the_next_generation_begins() -> None:
     instance = await _subscribed(context)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 11)}
-    result = await instance.poll(0.03, None)
+    result = await _poll(instance, 0.03, None)
     assert [r.offset for r in result.records] == list(range(8))
     assert [r.offset for r in instance.partitions[TP0].buffer] == [8, 9, 10, 11]
 
@@ -218,7 +227,7 @@ async def test_auto_commit_stops_below_an_unacknowledged_revocation() -> None:
     instance = await _subscribed(context, auto_commit=True)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 1)}
-    await instance.poll(0.05, None)
+    await _poll(instance, 0.05, None)
     await instance.offsets.auto_commit(force=True)
     assert context.consumer.commits == [{TP0: 1}]
 
@@ -228,7 +237,7 @@ async def test_a_revoked_partition_is_committed_and_forgotten() -> None:
     instance = await _subscribed(context, auto_commit=True)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 2)}
-    await instance.poll(0.05, None)
+    await _poll(instance, 0.05, None)
     await instance.partitions_revoked({TP0})
     assert context.consumer.commits[-1] == {TP0: 3}
     assert TP0 not in instance.partitions
@@ -239,11 +248,11 @@ async def test_records_wait_for_their_partitions_assigned_notice() -> None:
     instance = await _subscribed(context, assignment_events=True)
     context.consumer.assigned = {TP0}
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 0)}
-    before = await instance.poll(0.03, None)
+    before = await _poll(instance, 0.03, None)
     assert before.records == []
     assert before.notices == []
     await instance.partitions_assigned({TP0})
-    after = await instance.poll(0.03, None)
+    after = await _poll(instance, 0.03, None)
     assert [(n.kind.value, n.partitions) for n in after.notices] == [
         ("partitions_assigned", (TP0,))
     ]
@@ -255,7 +264,7 @@ async def test_seeks_need_an_assigned_partition_and_restart_its_buffer() -> None
     instance = await _subscribed(context)
     await _assign(context, instance, TP0)
     context.consumer.next_fetch = {TP0: fakes.records("t", 0, 0, 4)}
-    await instance.poll(0.05, 2)
+    await _poll(instance, 0.05, 2)
     with pytest.raises(BadRequest):
         await instance.seek({TP1: 0})
     await instance.seek({TP0: 10})

@@ -13,9 +13,9 @@ import pytest
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import MetadataUnavailable
 from sidecar.core.handoff import Revocation
+from sidecar.core.positions import Positions
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.notices import AssignmentNotices
-from sidecar.service.partitions import PartitionBuffers
 from sidecar.service.release import Release
 from sidecar.service.waits import GateWaits
 from tests.unit.service import fakes
@@ -30,7 +30,7 @@ def _release(
         "g",
         teller.instance_id,
         context,
-        PartitionBuffers(),
+        Positions(),
         teller,
         GateWaits("g", "s-" + teller.instance_id, teller.store, metrics),
         AssignmentNotices(

@@ -1,4 +1,4 @@
-"""A partition's buffer and delivered position across rebalances, seeks and refetches.
+"""The fetcher and the instance's positions across rebalances, seeks and refetches.
 
 First seen in a chaos run: an instance released records of a partition, found it no longer
 assigned (lost in a rebalance without a revocation) and put them back for the new
@@ -18,10 +18,10 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
+from sidecar.adapters.group_consumer import Fetched
 from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
-from sidecar.service.partitions import PartitionBuffers, PartitionState
 from sidecar.service.release import PollResult
 
 TP = TopicPartition("t", 4)
@@ -46,13 +46,20 @@ class _Consumer:
         self.fetch_returns = asyncio.Event()
         """Cleared: a fetch waits (as aiokafka's does, for records or a rebalance)."""
         self.fetch_returns.set()
+        self.current = 1
+        """The number of the current assignment (aiokafka's assignment object)."""
 
     def assign(self, position: int | None) -> None:
+        """A rebalance's new assignment of ``TP``: positions start afresh."""
+        self.current += 1
         self.assigned = {TP}
         self.positions = {TP: _Position(position)}
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
+
+    def incarnation(self) -> int:
+        return self.current
 
     def fetch_position(self, tp: TopicPartition) -> int | None:
         if tp not in self.assigned:
@@ -68,12 +75,13 @@ class _Consumer:
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
         pass
 
-    async def getmany(self, timeout_ms: int) -> dict[TopicPartition, list[Any]]:
+    async def fetch(self, timeout_ms: int) -> Fetched:
         await self.fetch_returns.wait()
         fetched, self.next_fetch = self.next_fetch, {}
         for tp, records in fetched.items():
             self.positions[tp].position = records[-1].offset + 2  # a commit marker after
-        return fetched
+        positions = {tp: p for tp in self.assigned if (p := self.fetch_position(tp)) is not None}
+        return Fetched(self.current, dict(fetched), positions)
 
 
 def _instance(consumer: _Consumer) -> tuple[ConsumerInstance, Any]:
@@ -104,19 +112,20 @@ async def test_records_dropped_for_a_lost_partition_are_fetched_again_when_it_re
     await instance.fetcher.fetch(fake, 0.01)
     state = instance.partitions[TP]
     assert [r.offset for r in state.buffer] == list(range(871, 890))
-    assert state.fetched_to == 891
+    assert state.fetched == 891
 
-    # Released, then the partition is found gone: the records go back for its next owner.
-    released = [state.buffer.popleft() for _ in range(len(state.buffer))]
+    # Released, then the partition is found gone: the records go back, never delivered.
+    released = [instance.partitions.release(TP) for _ in range(len(state.buffer))]
     consumer.assigned = set()
     kept = instance.release._still_assigned(PollResult(released, []), {TP})
     assert kept.records == []
+    instance.partitions.sent()
     assert state.delivered == 871
 
     # Assigned here again; the first fetch runs before the position is reset.
     consumer.assign(None)
     await instance.fetcher.fetch(fake, 0.01)
-    assert instance.partitions[TP].delivered == 871
+    assert instance.partitions[TP].delivered is None
 
     # Reset to the group's committed offset: the same records come back and are kept.
     consumer.positions[TP].position = 871
@@ -151,9 +160,10 @@ async def test_a_fetch_that_returned_before_a_rebalance_is_not_taken_after_it() 
 
     # A rebalance gives the partition back; the consumer restarts from the committed offset.
     instance.revoked({TP})
-    await instance.partitions_assigned({TP})
     consumer.assign(2287)
-    await instance.fetcher.fetch(fake, 0.01)
+    await instance.partitions_assigned({TP})
+    await instance.fetcher.fetch(fake, 0.01)  # takes (drops) the old fetch
+    await instance.fetcher.fetch(fake, 0.01)  # a fetch of the new assignment: nothing yet
     state = instance.partitions[TP]
     assert list(state.buffer) == []
     assert state.delivered == 2287
@@ -161,6 +171,36 @@ async def test_a_fetch_that_returned_before_a_rebalance_is_not_taken_after_it() 
     consumer.next_fetch = {TP: _records(2287, 2393)}
     await instance.fetcher.fetch(fake, 0.01)
     assert [r.offset for r in instance.partitions[TP].buffer] == list(range(2287, 2394))
+
+
+async def test_a_position_read_between_revocation_and_assignment_is_not_taken() -> None:
+    """Chaos run, 59 records lost: a fetch of 11768..11817 returned; the group rebalanced
+    (a partition-count change, during a broker restart) and the listener forgot the
+    partition; a poll then made its state afresh while aiokafka still reported the old
+    assignment, dropped the old fetch, and took that assignment's position (11820) as
+    the new state's. The new assignment kept the state, and its refetch from the
+    committed offset was discarded as seen."""
+    consumer = _Consumer()
+    instance, fake = _instance(consumer)
+    consumer.assign(11768)
+    await instance.fetcher.fetch(fake, 0.01)
+
+    consumer.fetch_returns.clear()
+    consumer.next_fetch = {TP: _records(11768, 11817)}
+    await instance.fetcher.fetch(fake, 0.01)  # left running
+    consumer.fetch_returns.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+    instance.revoked({TP})  # the old assignment is still the consumer's
+    await instance.fetcher.fetch(fake, 0.01)
+    assert TP not in instance.partitions  # neither the fetch nor its position taken
+
+    consumer.assign(11768)  # the committed offset
+    await instance.partitions_assigned({TP})
+    consumer.next_fetch = {TP: _records(11768, 11817)}
+    await instance.fetcher.fetch(fake, 0.01)
+    assert [r.offset for r in instance.partitions[TP].buffer] == list(range(11768, 11818))
 
 
 async def test_a_fetch_that_returned_before_a_seek_is_not_taken_after_it() -> None:
@@ -192,8 +232,8 @@ async def test_a_fetch_that_returns_after_a_rebalance_is_taken() -> None:
     consumer.fetch_returns.clear()
     await instance.fetcher.fetch(fake, 0.01)
     instance.revoked({TP})
-    await instance.partitions_assigned({TP})
     consumer.assign(10)
+    await instance.partitions_assigned({TP})
     consumer.next_fetch = {TP: _records(10, 19)}
     consumer.fetch_returns.set()
     await asyncio.sleep(0)
@@ -202,14 +242,11 @@ async def test_a_fetch_that_returns_after_a_rebalance_is_taken() -> None:
     assert [r.offset for r in instance.partitions[TP].buffer] == list(range(10, 20))
 
 
-async def test_dropping_an_old_partition_does_not_drop_a_new_ones_fetch() -> None:
-    """During a rebalance the consumer still reports the old assignment, and a poll
-    re-creates the old partitions' states. Once the new assignment is in, aiokafka may
-    fetch a newly assigned partition before its listener runs; a poll left that fetch
-    running. The next poll dropped the old states first, which counted as a fresh start
-    of every partition, so the new partition's state looked newer than the fetch and its
-    records (the first after the committed offset) were dropped while the consumer's
-    position had moved past them. Chaos run 6 lost two records this way."""
+async def test_a_new_partitions_fetch_before_its_listener_runs_is_kept() -> None:
+    """Once the new assignment is in, aiokafka may fetch a newly assigned partition
+    before its listener runs, while a poll left that fetch running. Chaos run 6 lost two
+    records when such a fetch was dropped while the consumer's position had moved past
+    its records."""
     old = TopicPartition("t", 5)
     consumer = _Consumer()
     instance, fake = _instance(consumer)
@@ -219,10 +256,11 @@ async def test_dropping_an_old_partition_does_not_drop_a_new_ones_fetch() -> Non
 
     instance.revoked({old})  # the rebalance begins; the old assignment is still reported
     consumer.fetch_returns.clear()
-    await instance.fetcher.fetch(fake, 0.01)  # leaves a fetch running, re-creates old's state
-    assert old in instance.partitions
+    await instance.fetcher.fetch(fake, 0.01)  # leaves a fetch running
+    assert old not in instance.partitions
 
     # The new assignment: the fetch reads the new partition before the listener has run.
+    consumer.current += 1
     consumer.assigned = {TP}
     consumer.positions[TP].position = 2532
     consumer.next_fetch = {TP: _records(2532, 2533)}
@@ -235,36 +273,3 @@ async def test_dropping_an_old_partition_does_not_drop_a_new_ones_fetch() -> Non
     state = instance.partitions[TP]
     assert [r.offset for r in state.buffer] == [2532, 2533]
     assert old not in instance.partitions
-
-
-def test_a_refetch_keeps_only_records_past_what_was_buffered_or_delivered() -> None:
-    state = PartitionState(delivered=3)
-    state.take(_records(0, 5))
-    assert [r.offset for r in state.buffer] == [3, 4, 5]
-    state.take(_records(4, 7))
-    assert [r.offset for r in state.buffer] == [3, 4, 5, 6, 7]
-
-
-def test_skipped_offsets_below_the_head_or_the_fetch_position_count_as_delivered() -> None:
-    state = PartitionState(delivered=2)
-    state.take(_records(5, 6))  # 2-4: markers and aborted records
-    state.skip_invisible()
-    assert state.delivered == 5
-    state.buffer.clear()
-    state.fetched_to = 9
-    state.skip_invisible()
-    assert state.delivered == 9
-    state.fetched_to = 4  # never backwards
-    state.skip_invisible()
-    assert state.delivered == 9
-
-
-def test_buffers_follow_the_assignment_and_report_full_partitions() -> None:
-    buffers = PartitionBuffers()
-    other = TopicPartition("t", 5)
-    buffers.take(
-        {TP: _records(0, 2), other: _records(0, 0)}, fetched_in=buffers.epoch, assigned={TP, other}
-    )
-    assert buffers.full([TP, other], 3) == [TP]
-    assert buffers.keep_only({TP}) == [other]
-    assert list(buffers) == [TP]
