@@ -181,6 +181,9 @@ class ConsumerSettings:
     """How often an auto-committing instance commits what it delivered."""
     metadata_max_age_ms: int = 3000
     """How soon an instance's Kafka consumer notices added partitions (and rebalances)."""
+    rebalance_window_s: float = 0.5
+    """Changes of a topic's assignable partitions this close together make one
+    rebalance of the groups reading it (each rebalance pauses the whole group)."""
     revoke_ack_wait_s: float = 10.0
     """How long a rebalance waits for the app to acknowledge keys_revoked events."""
     fetch_grace_s: float = 0.05
@@ -454,6 +457,7 @@ def _validate_consumer(values: ConsumerSettings) -> None:
         "auto_commit_interval_s",
         "metadata_max_age_ms",
         "revoke_ack_wait_s",
+        "rebalance_window_s",
         "callback_retry_s",
         "instance_idle_timeout_s",
     ):

@@ -187,6 +187,19 @@ class SidecarMetrics:
             ["group", "topic"],
             registry=r,
         )
+        self.rebalances = Counter(
+            "sidecar_consumer_rebalances_total",
+            "Rebalances a consumer instance went through (partitions assigned), by group.",
+            ["group"],
+            registry=r,
+        )
+        self.rebalance_requests = Counter(
+            "sidecar_consumer_rebalance_requests_total",
+            "Rebalances the sidecar asked of an instance's group because a change altered "
+            "the assignable partitions of a topic it reads, by group.",
+            ["group"],
+            registry=r,
+        )
         self.consumer_lag = Gauge(
             "sidecar_consumer_lag",
             "High watermark minus delivered position of each assigned partition.",

@@ -193,7 +193,13 @@ class GroupConsumer:
 
     def request_rejoin(self) -> None:
         """Ask the group to rebalance: what aiokafka's coordinator itself calls when its
-        metadata changes (it does not when only the assignor's answer would)."""
+        metadata changes (it does not when only the assignor's answer would).
+
+        Metadata is refreshed first: the group leader's assignment then sees partitions
+        just added, and remembers the partition count it assigned with, so aiokafka's
+        own check of the count finds no change afterwards (one rebalance, not two)."""
+        refresh = self._consumer._client.force_metadata_update()
+        refresh.add_done_callback(_retrieve)
         self._consumer._coordinator.request_rejoin()
 
     # Fetching -----------------------------------------------------------------------------
@@ -301,6 +307,12 @@ class GroupConsumer:
 
     async def stop(self) -> None:
         await self._consumer.stop()
+
+
+def _retrieve(future: Any) -> None:
+    # A refresh that fails is retried by aiokafka's own metadata loop; nobody awaits it.
+    if not future.cancelled():
+        future.exception()
 
 
 def _core_set(partitions: Iterable[KafkaTopicPartition]) -> set[TopicPartition]:

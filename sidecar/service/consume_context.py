@@ -110,6 +110,12 @@ class ConsumerMetrics:
         group_label, topic = metrics.group_label(group), metrics.topic_label(tp.topic, exists=True)
         metrics.consumer_lag.labels(group_label, topic, str(tp.partition)).set(records)
 
+    def rebalanced(self, group: str) -> None:
+        self.metrics.rebalances.labels(self.metrics.group_label(group)).inc()
+
+    def rebalance_requested(self, group: str) -> None:
+        self.metrics.rebalance_requests.labels(self.metrics.group_label(group)).inc()
+
     def committed(self, group: str, partitions: Sequence[TopicPartition]) -> None:
         metrics = self.metrics
         for tp in partitions:

@@ -32,14 +32,38 @@ class Consumers:
         self.instance_timeout_s = context.settings.instance_idle_timeout_s
         self.instances: dict[tuple[str, str], ConsumerInstance] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._changed_topics: set[str] = set()
+        """Topics whose assignable partitions changed in the current window."""
+        self._rebalance_timer: asyncio.TimerHandle | None = None
 
     def assignable_changed(self, topic: str) -> None:
-        """The topic's assignable partitions changed: rebalance the groups reading it."""
+        """The topic's assignable partitions changed: rebalance the groups reading it.
+
+        Every rebalance revokes and reassigns every partition of the group (aiokafka's
+        eager protocol): a pause of the group and one more chance to lose track. So the
+        changes of one window (``consumer.rebalance_window_s``) make one rebalance, and
+        only groups subscribed to a changed topic rebalance.
+        """
+        self._changed_topics.add(topic)
+        if self._rebalance_timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on the event loop (a test calling directly)
+            self._rebalance_changed()
+            return
+        self._rebalance_timer = loop.call_later(
+            self.context.settings.rebalance_window_s, self._rebalance_changed
+        )
+
+    def _rebalance_changed(self) -> None:
+        self._rebalance_timer = None
+        topics, self._changed_topics = sorted(self._changed_topics), set()
         rejoined = [
-            i.instance_id for i in self.instances.values() if i.rebalance_if_subscribed(topic)
+            i.instance_id for i in self.instances.values() if i.rebalance_if_subscribed(topics)
         ]
         if rejoined:
-            _log.info("%s: assignable partitions changed; rebalancing %s", topic, rejoined)
+            _log.info("%s: assignable partitions changed; rebalancing %s", topics, rejoined)
 
     def instance_key(self, config: InstanceConfig) -> str:
         return f"{self.context.sidecar_id}-{config.name}"
@@ -71,6 +95,9 @@ class Consumers:
             await instance.close()
 
     async def close(self) -> None:
+        if self._rebalance_timer is not None:
+            self._rebalance_timer.cancel()
+            self._rebalance_timer = None
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

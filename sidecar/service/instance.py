@@ -170,16 +170,18 @@ class ConsumerInstance:
             return []
         return sorted(self._consumer.assignment())
 
-    def rebalance_if_subscribed(self, topic: str) -> bool:
-        """Ask the group to rebalance if this instance subscribes to ``topic``; True if so.
+    def rebalance_if_subscribed(self, topics: Iterable[str]) -> bool:
+        """Ask the group to rebalance if this instance subscribes to one of ``topics``;
+        True if so.
 
         Kafka's consumer rebalances on its own when a topic's partition count changes,
         not when the sidecar's assignor would assign differently.
         """
         consumer = self._consumer
-        if consumer is None or self.manual or topic not in self.subscribed_topics():
+        if consumer is None or self.manual or not set(topics) & set(self.subscribed_topics()):
             return False
         consumer.request_rejoin()
+        self.context.metrics.rebalance_requested(self.config.group)
         return True
 
     # Polling ------------------------------------------------------------------------------
@@ -298,6 +300,7 @@ class ConsumerInstance:
     async def partitions_assigned(self, partitions: set[TopicPartition]) -> None:
         # Buffers start empty; positions come from the group's committed offsets.
         ordered = sorted(partitions)
+        self.context.metrics.rebalanced(self.config.group)
         if self._consumer is not None:
             self.partitions.follow(ordered, self._consumer.incarnation())
         await self.notices.tell_assigned(ordered)

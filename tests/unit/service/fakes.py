@@ -122,6 +122,8 @@ class Metrics:
         self.waiting = 0
         self.lags: dict[TopicPartition, int] = {}
         self.commits = 0
+        self.rebalances = 0
+        self.rebalance_requests = 0
 
     def delivered(self, tp: TopicPartition, records: Sequence[Any], managed: bool) -> None:
         if records:
@@ -141,6 +143,12 @@ class Metrics:
 
     def committed(self, group: str, partitions: Sequence[TopicPartition]) -> None:
         self.commits += len(partitions)
+
+    def rebalanced(self, group: str) -> None:
+        self.rebalances += 1
+
+    def rebalance_requested(self, group: str) -> None:
+        self.rebalance_requests += 1
 
 
 class Audit:

@@ -23,6 +23,7 @@ from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
 from sidecar.service.release import PollResult
+from tests.unit.service import fakes
 
 TP = TopicPartition("t", 4)
 
@@ -88,7 +89,7 @@ def _instance(consumer: _Consumer) -> tuple[ConsumerInstance, Any]:
     """A real instance over the fake consumer; returns it and the fake as the adapter."""
     config = InstanceConfig(group="g", name="i", format="binary")
     context: Any = SimpleNamespace(
-        settings=ConsumerSettings(), store=SimpleNamespace(), metrics=SimpleNamespace()
+        settings=ConsumerSettings(), store=SimpleNamespace(), metrics=fakes.Metrics()
     )
     instance = ConsumerInstance(config, context, instance_key="s-i")
     fake: Any = consumer

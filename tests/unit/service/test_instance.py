@@ -288,6 +288,6 @@ async def test_subscribe_and_manual_assignment_exclude_each_other() -> None:
 async def test_a_rebalance_is_asked_only_of_subscribers_of_the_topic() -> None:
     context = fakes.Context()
     instance = await _subscribed(context)
-    assert not instance.rebalance_if_subscribed("other")
-    assert instance.rebalance_if_subscribed("t")
+    assert not instance.rebalance_if_subscribed(["other"])
+    assert instance.rebalance_if_subscribed(["t"])
     assert context.consumer.rejoins == 1
