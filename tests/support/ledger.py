@@ -140,8 +140,11 @@ async def consume_into(
                 (time.monotonic(), value["producer"], value["key"], value["seq"])
             )
         if events and (on_events is None or on_events(name, events)):
+            # Hand-off events are acknowledged; rebalance notices carry no id.
+            acknowledged = [e["event_id"] for e in events if "event_id" in e]
             try:
-                await consumer.ack(*[e["event_id"] for e in events])
+                if acknowledged:
+                    await consumer.ack(*acknowledged)
             except aiohttp.ClientError:
                 return
 
