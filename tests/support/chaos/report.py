@@ -65,6 +65,11 @@ def render(outcome: ChaosOutcome) -> list[str]:
         f"{_range(config.broker_down_s)}), callback endpoints answering 503 "
         f"({_range(config.callback_refusal_s)}).",
         f"- load phase {outcome.load_s:.0f} s; whole run {outcome.elapsed_s:.0f} s.",
+        *(
+            f"- group `{group}`: {done:,} rebalances of its instances (partitions assigned, "
+            f"summed over instances), {asked:,} asked by the sidecars for changes."
+            for group, (done, asked) in outcome.rebalances.items()
+        ),
         "",
         f"## Outcome: {verdict}",
         "",

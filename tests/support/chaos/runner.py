@@ -55,6 +55,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from prometheus_client.parser import text_string_to_metric_families
 
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import ClusterEndpoints
@@ -100,6 +101,8 @@ BURST_LEAD_S = 0.02
 BURST_PRODUCER = 100
 """Producer numbers of the bursts (100 + the number of faults before)."""
 SETTLE_S = 5.0
+REBALANCE_COUNTERS = ("sidecar_consumer_rebalances", "sidecar_consumer_rebalance_requests")
+"""Metric families of the rebalances an instance went through, and those a sidecar asked."""
 """How long the groups keep polling after full delivery and the last change, so that
 hand-off events of that change reach them."""
 
@@ -131,6 +134,10 @@ class ChaosOutcome:
     elapsed_s: float = 0.0
     sidecar_logs: list[str] = field(default_factory=list)
     settings_note: str = ""
+    rebalances: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per group: rebalances its instances went through (partitions assigned, summed
+    over instances) and rebalances the sidecars asked of it, as last scraped from every
+    sidecar process (a killed one's count up to its last scrape)."""
 
     @property
     def passed(self) -> bool:
@@ -242,6 +249,8 @@ class ChaosRun:
         self.changing: set[str] = set()
         """Topics with a change running."""
         self.fault_changes: list[asyncio.Task[str]] = []
+        self._rebalance_samples: dict[tuple[str, str, str], int] = {}
+        """(sidecar id, counter, group) -> the counter's last scraped value."""
         self.generation_seen = {topic: 0 for topic in self.topics}
         self.stop_producing = asyncio.Event()
         self.stop_consuming = asyncio.Event()
@@ -294,7 +303,8 @@ class ChaosRun:
             stale = self._task(self._stale_probes(), "stale probes")
             locks = self._task(self._watch_locks(), "lock sampler")
             commits = self._task(self._watch_commits(), "commit sampler")
-            tasks = [*consumers, *producers, stale, locks, commits]
+            rebalances = self._task(self._watch_rebalances(), "rebalance sampler")
+            tasks = [*consumers, *producers, stale, locks, commits, rebalances]
             load_began = self.history.now()
             changes = asyncio.create_task(self._change_loop())
             tasks.append(changes)
@@ -319,7 +329,7 @@ class ChaosRun:
             self.stop_consuming.set()
             await asyncio.gather(*consumers)
             snapshots = await self._snapshots()
-            for watcher in (locks, commits):
+            for watcher in (locks, commits, rebalances):
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
@@ -343,6 +353,7 @@ class ChaosRun:
                 elapsed_s=self.history.now(),
                 sidecar_logs=[p for s in self.slots for p in s.log_paths],
                 settings_note=self._settings_note(),
+                rebalances=self._rebalance_totals(),
             )
         finally:
             self.stop_producing.set()
@@ -1099,6 +1110,35 @@ class ChaosRun:
                 await asyncio.sleep(1.0)
         finally:
             await admin.close()
+
+    async def _watch_rebalances(self) -> None:
+        """Scrape every running sidecar's rebalance counters about every 2 s."""
+        while True:
+            for slot in self.slots:
+                process = slot.process
+                if process is None or not slot.running:
+                    continue
+                try:
+                    async with asyncio.timeout(5.0):
+                        async with process.http.get("/metrics") as response:
+                            text = await response.text()
+                except (aiohttp.ClientError, TimeoutError):
+                    continue
+                for family in text_string_to_metric_families(text):
+                    if family.name not in REBALANCE_COUNTERS:
+                        continue
+                    for sample in family.samples:
+                        if sample.name.endswith("_total"):
+                            key = (process.id, family.name, sample.labels.get("group", ""))
+                            self._rebalance_samples[key] = int(sample.value)
+            await asyncio.sleep(2.0)
+
+    def _rebalance_totals(self) -> dict[str, tuple[int, int]]:
+        totals: dict[str, list[int]] = {g.name: [0, 0] for g in self.groups}
+        for (_, name, group), value in self._rebalance_samples.items():
+            if group in totals:
+                totals[group][REBALANCE_COUNTERS.index(name)] += value
+        return {group: (done, asked) for group, (done, asked) in totals.items()}
 
     def _sample_locks(self, zookeeper: KazooClient) -> dict[str, tuple[str, str, str]]:
         seen = {}
