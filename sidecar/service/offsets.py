@@ -68,8 +68,9 @@ class Offsets:
                 if state.delivered is not None
             }
         widened = {}
+        states = {}
         for tp, offset in offsets.items():
-            state = self.positions.get(tp)
+            state = states[tp] = self.positions.get(tp)
             if state is None:
                 raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
             if state.delivered is None or offset > state.delivered:
@@ -87,10 +88,10 @@ class Offsets:
             to_commit[tp] = offset
         if not to_commit:
             return
-        states = {tp: self.positions.get(tp) for tp in to_commit}
         await consumer.commit(to_commit)
         for tp, offset in to_commit.items():
-            if self.positions.get(tp) is states[tp]:  # not replaced by a rebalance meanwhile
+            # The state the offset was checked against, unless a rebalance replaced it.
+            if self.positions.get(tp) is states[tp]:
                 self.positions.committed(tp, offset)
             self.context.audit.emit(
                 audit_events.committed(
