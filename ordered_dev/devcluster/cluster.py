@@ -299,6 +299,44 @@ class LocalCluster:
 
         self._wait_until(ready, timeout, "kafka-1", f"Kafka did not show {expected} brokers")
 
+    def grant_acls(self, principal: str, *resources: str) -> None:
+        """Allow ``principal`` (``User:name``) everything on ``resources`` of a secured
+        cluster, each ``<type>:<literal|prefixed>:<name>`` (``java/GrantAcls.java``)."""
+        material = self.material
+        config = Path(material.directory) / "admin.properties"
+        password = material.passwords[ADMIN_USER]
+        config.write_text(
+            f"bootstrap.servers={self.kafka_bootstrap}\n"
+            "security.protocol=SASL_SSL\n"
+            "sasl.mechanism=SCRAM-SHA-512\n"
+            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
+            f'required username="{ADMIN_USER}" password="{password}";\n'
+            "ssl.truststore.type=PEM\n"
+            f"ssl.truststore.location={material.ca}\n"
+        )
+        installed = self._require_installed()
+        source = Path(__file__).parent / "java" / "GrantAcls.java"
+        result = subprocess.run(
+            [
+                installed.java,
+                *JVM_FLAGS,
+                "-cp",
+                installed.kafka_classpath,
+                str(source),
+                str(config),
+                principal,
+                *resources,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            raise DevClusterError(
+                f"granting ACLs failed:\n{(result.stdout + result.stderr)[-3000:]}"
+            )
+
     def admin_client_arguments(self) -> dict[str, Any]:
         """aiokafka arguments of a super user at ``kafka_bootstrap`` (none: PLAINTEXT)."""
         if not self.security:

@@ -11,7 +11,7 @@ brokers with, beside the KRaft controller listener:
   the brokers also talk to each other there;
 * ACLs on: ``StandardAuthorizer``; the brokers, ``admin`` and the sidecar's identities
   (``sidecar``, ``CN=sidecar``) are super users, ``stranger`` (SCRAM, OAuth subject and
-  ``CN=stranger``) authenticates but has no ACL.
+  ``CN=stranger``) authenticates but has no ACL, ``limited`` has what a test grants it.
 
 ZooKeeper keeps its plain client port (for probes, and for clients that have no
 identity: they can read at most) and gets a TLS ``secureClientPort`` and SASL
@@ -39,6 +39,8 @@ SECURITY_MODES = ("sasl_ssl",)
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SIDECAR_USER = "sidecar"
 STRANGER_USER = "stranger"
+LIMITED_USER = "limited"
+"""A SCRAM user the tests grant some ACLs (``LocalCluster.grant_acls``), not all."""
 ADMIN_USER = "admin"
 OAUTH_AUDIENCE = "kafka"
 OAUTH_KEY_ID = "devcluster-1"
@@ -104,7 +106,8 @@ class SecurityMaterial:
         material = cls(
             directory=str(directory),
             ca=str(ca),
-            broker=authority.issue(certs, "broker"),
+            # 127.0.0.1 only: "localhost" is the loopback name a certificate does not hold.
+            broker=authority.issue(certs, "broker", hosts=("127.0.0.1",)),
             zookeeper=authority.issue(certs, "zookeeper"),
             sidecar=authority.issue(
                 certs, SIDECAR_USER, server=False, key_password=secrets.token_urlsafe(8)
@@ -113,7 +116,7 @@ class SecurityMaterial:
             expired=authority.issue(certs, "sidecar-expired", server=False, expired=True),
             passwords={
                 user: secrets.token_urlsafe(12)
-                for user in (ADMIN_USER, SIDECAR_USER, STRANGER_USER)
+                for user in (ADMIN_USER, SIDECAR_USER, STRANGER_USER, LIMITED_USER)
             },
             zookeeper_password=sidecar_password,
             jwks=str(jwks_path),

@@ -71,12 +71,14 @@ def settings_for(
         sidecar_id=f"{name}-{uuid.uuid4().hex[:6]}",
         kafka=KafkaSettings(
             bootstrap_servers=cluster.kafka_bootstrap,
+            security=cluster.kafka_security,
             request_timeout_ms=request_timeout_ms,
             replication_margin_ms=margin_ms,
             transaction_lanes=transaction_lanes or KafkaSettings().transaction_lanes,
         ),
         zookeeper=ZooKeeperSettings(
-            hosts=zookeeper_hosts or cluster.zookeeper_hosts,
+            hosts=zookeeper_hosts or cluster.sidecar_zookeeper_hosts,
+            security=cluster.zookeeper_security,
             root=root,
             session_timeout_s=session_timeout_s,
         ),
@@ -283,8 +285,11 @@ async def read_all(
         bootstrap_servers=cluster.kafka_bootstrap,
         enable_auto_commit=False,
         isolation_level="read_committed",
+        **cluster.kafka_client_arguments(),
     )
-    ends_reader = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap)
+    ends_reader = AIOKafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap, **cluster.kafka_client_arguments()
+    )
     await reader.start()
     await ends_reader.start()
     try:
