@@ -197,6 +197,8 @@ class KafkaGateway:
             await _close_all(producer, admin, consumer)
             # aiokafka says only "unable to bootstrap": one connection of our own tells a
             # refused credential or certificate from a cluster that is away.
+            if isinstance(exc, _NOT_AUTHORIZED):
+                raise _principal_refused(self._settings, exc) from exc
             refused = await diagnose(self._settings)
             if refused is not None:
                 raise refused from exc
@@ -845,6 +847,20 @@ _REFUSED_AS_INVALID = (
     InvalidTopicError,
     PolicyViolationError,
 )
+
+
+def _principal_refused(settings: KafkaSettings, exc: KafkaError) -> KafkaNotAuthorized:
+    security = settings.security
+    if security.sasl and security.sasl_mechanism != "OAUTHBEARER":
+        principal = f"User:{security.sasl_username} (kafka.security.sasl_username)"
+    elif security.ssl_certfile:
+        principal = "the subject of kafka.security.ssl_certfile"
+    else:
+        principal = "this sidecar's principal"
+    return KafkaNotAuthorized(
+        f"kafka.security: {principal} is not authorized by Kafka's ACLs "
+        f"({type(exc).__name__}); it needs the ACLs listed in the README"
+    )
 
 
 def _translated(exc: KafkaError, what: str) -> SidecarError:
