@@ -45,13 +45,14 @@ def cluster() -> Iterator[ClusterEndpoints]:
 def secured_cluster() -> Iterator[LocalCluster]:
     """A second, secured cluster (``devcluster up --security sasl_ssl``, one broker),
     started only by the tests that ask for it; ``limited`` may use topics named
-    ``granted-*``, any group and transactional id, and the cluster."""
+    ``granted-*``, any group and transactional id, and write idempotently."""
     with provide_secured_cluster() as secured:
         secured.grant_acls(
             f"User:{LIMITED_USER}",
             "topic:prefixed:granted-",
             "group:literal:*",
             "transactional_id:literal:*",
-            "cluster:literal:kafka-cluster",
+            # Not ALL: Create on the cluster would allow creating any topic.
+            "cluster:literal:kafka-cluster:idempotent_write",
         )
         yield secured

@@ -300,8 +300,9 @@ class LocalCluster:
         self._wait_until(ready, timeout, "kafka-1", f"Kafka did not show {expected} brokers")
 
     def grant_acls(self, principal: str, *resources: str) -> None:
-        """Allow ``principal`` (``User:name``) everything on ``resources`` of a secured
-        cluster, each ``<type>:<literal|prefixed>:<name>`` (``java/GrantAcls.java``)."""
+        """Allow ``principal`` (``User:name``) operations on ``resources`` of a secured
+        cluster, each ``<type>:<literal|prefixed>:<name>[:<operation>]`` (ALL unless
+        given; ``java/GrantAcls.java``)."""
         material = self.material
         config = Path(material.directory) / "admin.properties"
         password = material.passwords[ADMIN_USER]

@@ -1,10 +1,11 @@
-// Grants ALL to a principal on the given resources, through the Admin API of the
-// installed kafka-clients (aiokafka speaks no CreateAcls version Kafka 4 accepts).
+// Grants a principal operations on resources, through the Admin API of the installed
+// kafka-clients (aiokafka speaks no CreateAcls version Kafka 4 accepts).
 //
 //   java -cp <kafka classpath> GrantAcls.java <client.properties> <principal> <resource>...
 //
-// A resource is <type>:<pattern>:<name>, type topic|group|transactional_id|cluster,
-// pattern literal|prefixed; e.g. topic:prefixed:granted- group:literal:*
+// A resource is <type>:<pattern>:<name>[:<operation>], type topic|group|transactional_id|
+// cluster, pattern literal|prefixed, operation ALL unless given; e.g.
+// topic:prefixed:granted- group:literal:* cluster:literal:kafka-cluster:idempotent_write
 import java.io.FileInputStream;
 import java.util.ArrayList;
 import java.util.List;
@@ -27,12 +28,14 @@ public class GrantAcls {
         String principal = args[1];
         List<AclBinding> bindings = new ArrayList<>();
         for (int i = 2; i < args.length; i++) {
-            String[] parts = args[i].split(":", 3);
+            String[] parts = args[i].split(":", 4);
+            AclOperation operation =
+                parts.length > 3 ? AclOperation.fromString(parts[3].toUpperCase()) : AclOperation.ALL;
             ResourceType type = ResourceType.fromString(parts[0].toUpperCase());
             PatternType pattern = PatternType.fromString(parts[1].toUpperCase());
             bindings.add(new AclBinding(
                 new ResourcePattern(type, parts[2], pattern),
-                new AccessControlEntry(principal, "*", AclOperation.ALL, AclPermissionType.ALLOW)));
+                new AccessControlEntry(principal, "*", operation, AclPermissionType.ALLOW)));
         }
         try (Admin admin = Admin.create(properties)) {
             admin.createAcls(bindings).all().get();
