@@ -257,3 +257,43 @@ def test_bucket_stats_agree_with_period_stats_bucket_by_bucket() -> None:
     per_bucket = prometheus.bucket_stats(every, 0.0, 7.0, 9)
     for index, stats in enumerate(per_bucket):
         assert stats == prometheus.period_stats(every, index * 7.0, index * 7.0 + 7.0)
+
+
+def test_the_sidecars_security_becomes_the_kafka_source_options(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text('pa"ss\n')
+    cafile = tmp_path / "ca.pem"
+    cafile.write_text("-----BEGIN CERTIFICATE-----\n")
+    config = tmp_path / "sidecar.toml"
+    config.write_text(
+        "[kafka.security]\n"
+        'protocol = "SASL_SSL"\n'
+        f'ssl_cafile = "{cafile}"\n'
+        'sasl_mechanism = "SCRAM-SHA-256"\n'
+        'sasl_username = "auditor"\n'
+        f'sasl_password_file = "{password}"\n'
+    )
+    args = build_parser().parse_args(
+        [
+            "audit",
+            "run",
+            "--bootstrap",
+            "127.0.0.1:9093",
+            "--sidecar-config",
+            str(config),
+            "--out",
+            str(tmp_path),
+            "--kafka-option",
+            "kafka.client.id=audit",
+        ]
+    )
+    options, _ = config_from_args(args)
+    assert options.kafka_options == {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.ssl.truststore.type": "PEM",
+        "kafka.ssl.truststore.location": str(cafile),
+        "kafka.sasl.mechanism": "SCRAM-SHA-256",
+        "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+        'required username="auditor" password="pa\\"ss";',
+        "kafka.client.id": "audit",
+    }
