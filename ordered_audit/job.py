@@ -480,6 +480,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="an option of Spark's Kafka source, e.g. kafka.security.protocol=SSL",
     )
     source.add_argument(
+        "--sidecar-config",
+        type=Path,
+        help="the sidecars' TOML settings: their kafka.security (with the ORDERED_SIDECAR__ "
+        "environment, as 'sidecar serve' reads it) becomes the Kafka source's options",
+    )
+    source.add_argument(
         "--input", nargs="+", default=[], metavar="FILE", help="JSON-lines or Parquet files"
     )
     source.add_argument("--input-format", choices=("auto", "json", "parquet"), default="auto")
@@ -528,7 +534,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[AuditConfig, SparkOption
         out=args.out,
         bootstrap=args.bootstrap,
         topic=args.topic,
-        kafka_options=_pairs(args.kafka_option, "--kafka-option"),
+        kafka_options=_security_options(args) | _pairs(args.kafka_option, "--kafka-option"),
         inputs=tuple(args.input),
         input_format=args.input_format,
         start=start,
@@ -545,6 +551,21 @@ def config_from_args(args: argparse.Namespace) -> tuple[AuditConfig, SparkOption
         conf=_pairs(args.conf, "--conf"),
     )
     return config, options
+
+
+def _security_options(args: argparse.Namespace) -> dict[str, str]:
+    """The sidecars' ``kafka.security`` (from ``--sidecar-config`` and the environment)
+    as Kafka source options; none when reading files."""
+    if not args.bootstrap:
+        return {}
+    from ordered_audit.sources import spark_kafka_options
+    from sidecar.config import ConfigError, load_settings
+
+    try:
+        settings = load_settings(args.sidecar_config)
+        return spark_kafka_options(settings.kafka.security)
+    except ConfigError as exc:
+        raise AuditError(f"the sidecar settings: {exc}") from exc
 
 
 def run_command(args: argparse.Namespace) -> int:

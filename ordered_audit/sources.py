@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -26,6 +27,7 @@ from pyspark.sql.types import (
 )
 
 from sidecar.audit.events import SCHEMA_VERSION
+from sidecar.config import ConfigError, KafkaSecuritySettings
 
 EVIDENCE_SCHEMA = StructType(
     [
@@ -216,3 +218,94 @@ def split_schema_versions(events: DataFrame) -> tuple[DataFrame, DataFrame]:
     """(events of the schema this job reads, every other event)."""
     known = F.col("schema") == F.lit(SCHEMA_VERSION)
     return events.where(known), events.where(~known | F.col("schema").isNull())
+
+
+def spark_kafka_options(security: KafkaSecuritySettings) -> dict[str, str]:
+    """The sidecar's ``kafka.security`` as options of Spark's Kafka source (``kafka.*``,
+    the Java client's names), so the job reads a secured audit topic as the sidecars
+    write it. PEM files are given as PEM (``ssl.*.type=PEM``); the client certificate and
+    key as their text, since the Java client takes a PEM key store only as one file or
+    as values, the key decrypted (the JVM cannot read its encryption). Raises
+    ConfigError when a secret file cannot be read.
+
+    OAUTHBEARER uses the Java client's own login handler: its token endpoint (or the
+    token file, as a ``file:`` URL) must be allowed by the driver's and executors' JVM
+    property ``org.apache.kafka.sasl.oauthbearer.allowed.urls`` (Kafka 4 clients)."""
+    options = {"kafka.security.protocol": security.protocol}
+    if security.tls:
+        if security.ssl_cafile:
+            options["kafka.ssl.truststore.type"] = "PEM"
+            options["kafka.ssl.truststore.location"] = security.ssl_cafile
+        if not security.ssl_check_hostname:
+            options["kafka.ssl.endpoint.identification.algorithm"] = ""
+        if security.ssl_certfile:
+            options["kafka.ssl.keystore.type"] = "PEM"
+            options["kafka.ssl.keystore.certificate.chain"] = _read(
+                "kafka.security.ssl_certfile", security.ssl_certfile
+            )
+            options["kafka.ssl.keystore.key"] = _unencrypted_key(security)
+    if not security.sasl:
+        return options
+    options["kafka.sasl.mechanism"] = security.sasl_mechanism
+    if security.sasl_mechanism == "OAUTHBEARER":
+        module = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+        options["kafka.sasl.login.callback.handler.class"] = (
+            "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
+        )
+        if security.oauth_token_file:
+            options["kafka.sasl.oauthbearer.token.endpoint.url"] = (
+                Path(security.oauth_token_file).resolve().as_uri()
+            )
+            options["kafka.sasl.jaas.config"] = f"{module} required;"
+            return options
+        options["kafka.sasl.oauthbearer.token.endpoint.url"] = security.oauth_token_endpoint
+        fields = [
+            f"clientId={_jaas(security.oauth_client_id)}",
+            f"clientSecret={_jaas(security.client_secret())}",
+        ]
+        if security.oauth_scope:
+            fields.append(f"scope={_jaas(security.oauth_scope)}")
+        options["kafka.sasl.jaas.config"] = f"{module} required {' '.join(fields)};"
+        return options
+    module = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule"
+        if security.sasl_mechanism == "PLAIN"
+        else "org.apache.kafka.common.security.scram.ScramLoginModule"
+    )
+    options["kafka.sasl.jaas.config"] = (
+        f"{module} required username={_jaas(security.sasl_username)} "
+        f"password={_jaas(security.password())};"
+    )
+    return options
+
+
+def _unencrypted_key(security: KafkaSecuritySettings) -> str:
+    """The client key as unencrypted PKCS#8 PEM: the JVM's key factories cannot read
+    the PBES2 encryption OpenSSL and ``cryptography`` write (``PBES2 SecretKeyFactory
+    not available``). It is as secret as the password option beside it."""
+    key_pem = _read("kafka.security.ssl_keyfile", security.ssl_keyfile).encode()
+    password = security.key_password()
+    try:
+        key = serialization.load_pem_private_key(key_pem, password.encode() if password else None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"kafka.security.ssl_keyfile: cannot read {security.ssl_keyfile} with "
+            "kafka.security.ssl_key_password"
+        ) from exc
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+
+
+def _jaas(value: str) -> str:
+    """A JAAS option value: quoted, with quotes and backslashes escaped."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _read(name: str, path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {path}: {exc.strerror}") from exc

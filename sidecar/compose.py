@@ -57,6 +57,7 @@ class SidecarServer:
             session_timeout_s=settings.zookeeper.session_timeout_s,
             lock_poll_s=settings.zookeeper.lock_poll_s,
             transaction_attempts=settings.zookeeper.transaction_attempts,
+            security=settings.zookeeper.security,
         )
         self.kafka = KafkaGateway(settings.kafka)
         self.sidecar = TopicRegistry(settings, self.store, self.kafka, self.metrics)

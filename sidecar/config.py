@@ -2,14 +2,21 @@
 
 Loaded once at start from an optional TOML file, then environment variables
 ``ORDERED_SIDECAR__<SECTION>__<KEY>`` (environment wins), validated, and frozen.
-Secrets (the admin token, Kafka passwords) are redacted in ``repr``.
+Secrets (the admin token, Kafka and ZooKeeper passwords) are ``Secret`` values: their
+``repr`` and ``str`` are redacted, and only ``reveal()`` gives the text. A secret may
+instead be read from a file (``*_file`` settings), re-read each time a client is built.
 
 Example file::
 
     [kafka]
     bootstrap_servers = "127.0.0.1:9092"
-    [kafka.client]            # passed through to aiokafka (security settings, ...)
-    security_protocol = "SASL_SSL"
+    [kafka.security]          # every Kafka client the sidecar makes
+    protocol = "SASL_SSL"
+    sasl_mechanism = "SCRAM-SHA-512"
+    sasl_username = "orders-sidecar"
+    sasl_password_file = "/var/run/secrets/kafka/password"
+    [kafka.client]            # other aiokafka settings, passed through
+    linger_ms = 5
     [zookeeper]
     hosts = "127.0.0.1:2181"
     root = "/ordered"
@@ -39,6 +46,130 @@ _SECRET_WORDS = ("password", "secret", "token", "key")
 
 class ConfigError(ValueError):
     """The configuration is invalid: a value of the wrong type or out of range."""
+
+
+class Secret:
+    """A password, client secret or token: never shown by ``repr`` or ``str``."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str = "") -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __repr__(self) -> str:
+        return "Secret('***')" if self._value else "Secret('')"
+
+    __str__ = __repr__
+
+
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+ZOOKEEPER_SASL_MECHANISMS = ("", "DIGEST-MD5")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSecuritySettings:
+    """How every Kafka client of the sidecar authenticates and encrypts (``kafka.security``)."""
+
+    protocol: str = "PLAINTEXT"
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."""
+    ssl_cafile: str = ""
+    """PEM file of the CAs the brokers' certificates chain to; empty: the system's CAs."""
+    ssl_certfile: str = ""
+    """The client certificate (PEM, chain allowed) for mutual TLS."""
+    ssl_keyfile: str = ""
+    """The client certificate's private key (PEM), possibly encrypted."""
+    ssl_key_password: Secret = field(default_factory=Secret)
+    ssl_key_password_file: str = ""
+    ssl_check_hostname: bool = True
+    """The broker's certificate must name the host the client connects to."""
+    sasl_mechanism: str = ""
+    """PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (with a SASL_ protocol)."""
+    sasl_username: str = ""
+    sasl_password: Secret = field(default_factory=Secret)
+    sasl_password_file: str = ""
+    oauth_token_endpoint: str = ""
+    """OAUTHBEARER: the OIDC token endpoint of the client-credentials flow."""
+    oauth_client_id: str = ""
+    oauth_client_secret: Secret = field(default_factory=Secret)
+    oauth_client_secret_file: str = ""
+    oauth_scope: str = ""
+    oauth_token_file: str = ""
+    """OAUTHBEARER: a file holding the token, kept fresh by a platform agent (instead of
+    the token endpoint); read again at every new connection."""
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def key_password(self) -> str | None:
+        """The private key's password (read from its file if one is named), or None."""
+        return _secret(self.ssl_key_password, self.ssl_key_password_file) or None
+
+    def password(self) -> str:
+        """The SASL PLAIN/SCRAM password (read from its file if one is named)."""
+        return _secret(self.sasl_password, self.sasl_password_file)
+
+    def client_secret(self) -> str:
+        """The OIDC client secret (read from its file if one is named)."""
+        return _secret(self.oauth_client_secret, self.oauth_client_secret_file)
+
+
+@dataclass(frozen=True, slots=True)
+class ZooKeeperSecuritySettings:
+    """How the sidecar connects to ZooKeeper and protects its znodes (``zookeeper.security``)."""
+
+    tls: bool = False
+    """Connect to ZooKeeper's secure client port (``secureClientPort``) over TLS."""
+    ssl_cafile: str = ""
+    """PEM file of the CAs ZooKeeper's certificate chains to; empty: the system's CAs."""
+    ssl_certfile: str = ""
+    """A client certificate (PEM), where ZooKeeper asks for one."""
+    ssl_keyfile: str = ""
+    ssl_check_hostname: bool = True
+    """ZooKeeper's certificate must name the host connected to."""
+    sasl_mechanism: str = ""
+    """``DIGEST-MD5``: authenticate by SASL as ``digest_username``; empty with a
+    ``digest_username``: ZooKeeper's digest scheme (``addauth digest``)."""
+    digest_username: str = ""
+    digest_password: Secret = field(default_factory=Secret)
+    digest_password_file: str = ""
+    world_readable: bool = True
+    """With an identity set, every znode the sidecars create gets ALL for that identity
+    and, if true, READ for anyone (dashboards, ``zkCli``); false: no access for others."""
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.digest_username)
+
+    def password(self) -> str:
+        """The SASL or digest password (read from its file if one is named)."""
+        return _secret(self.digest_password, self.digest_password_file)
+
+
+def _secret(value: Secret, path: str) -> str:
+    if not path:
+        return value.reveal()
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +202,17 @@ class KafkaSettings:
     and Kafka writes its markers, instead of waiting for them. Transactions still commit
     one after the other, in order. Each lane is one more producer (connections, memory)
     and one more id to fence at a change."""
-    client: Mapping[str, str | int | bool] = field(default_factory=dict)
-    """Extra aiokafka client settings (security_protocol, sasl_*, ssl...), passed through."""
+    security: KafkaSecuritySettings = field(default_factory=KafkaSecuritySettings)
+    """TLS, mutual TLS and SASL of every Kafka client (``kafka.security``)."""
+    client: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    """Other aiokafka client settings (``linger_ms``, ...), passed through; a value from
+    the environment is converted to the type aiokafka expects."""
 
     def __repr__(self) -> str:
         return (
             f"KafkaSettings(bootstrap_servers={self.bootstrap_servers!r}, "
             f"client_id={self.client_id!r}, request_timeout_ms={self.request_timeout_ms}, "
-            f"client={_redacted(self.client)!r})"
+            f"security={self.security!r}, client={_redacted(self.client)!r})"
         )
 
 
@@ -95,6 +229,8 @@ class ZooKeeperSettings:
     topic_list_interval_s: float = 1.0
     """How often the list of managed topics is re-read, so that a topic managed by
     another sidecar is watched (and its barriers acked) within this delay."""
+    security: ZooKeeperSecuritySettings = field(default_factory=ZooKeeperSecuritySettings)
+    """TLS, authentication and the ACLs of the znodes (``zookeeper.security``)."""
 
 
 ACCESS_LOG_MODES = ("off", "errors", "all")
@@ -382,7 +518,17 @@ def _build_section(cls: type[Any], section: str, values: dict[str, Any]) -> Any:
                 raise ConfigError(f"{section}.client must be a table of client settings")
             kwargs[key] = dict(value)
             continue
+        if key == "security":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{section}.security must be a table")
+            kwargs[key] = _build_section(type(getattr(defaults, key)), f"{section}.security", value)
+            continue
         expected = type(getattr(defaults, key))
+        if expected is Secret:
+            if not isinstance(value, str):
+                raise ConfigError(f"{section}.{key} must be a str")
+            kwargs[key] = Secret(value.strip())
+            continue
         kwargs[key] = _coerce(f"{section}.{key}", value, expected)
     return cls(**kwargs)
 
@@ -471,6 +617,165 @@ def _validate_consumer(values: ConsumerSettings) -> None:
 
 MIN_GC_YOUNG_THRESHOLD = 100
 
+# aiokafka settings that ``kafka.security`` owns: refused in ``kafka.client``, so that no
+# client is built with half of them (the group consumers once were).
+_SECURITY_CLIENT_KEYS = {
+    "security_protocol": "protocol",
+    "ssl_context": "ssl_cafile",
+    "ssl_cafile": "ssl_cafile",
+    "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile",
+    "ssl_password": "ssl_key_password",
+    "sasl_mechanism": "sasl_mechanism",
+    "sasl_plain_username": "sasl_username",
+    "sasl_plain_password": "sasl_password",
+    "sasl_oauth_token_provider": "oauth_token_endpoint",
+}
+
+
+def _check_file(name: str, path: str) -> None:
+    """A file setting names a readable file (a missing or unreadable one is a
+    configuration error, not a connection failure found later)."""
+    if not path:
+        return
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{name}: {path} does not exist or is not a file")
+    if not os.access(file, os.R_OK):
+        raise ConfigError(f"{name}: {path} is not readable by this process")
+
+
+def _one_of(name: str, secret: Secret, file_name: str, path: str) -> None:
+    if secret and path:
+        raise ConfigError(f"set {name} or {file_name}, not both")
+    _check_file(file_name, path)
+
+
+def _validate_kafka_security(values: KafkaSettings) -> None:
+    for key in values.client:
+        if key in _SECURITY_CLIENT_KEYS:
+            raise ConfigError(
+                f"kafka.client.{key} is not passed through: set "
+                f"kafka.security.{_SECURITY_CLIENT_KEYS[key]} instead"
+            )
+    security = values.security
+    prefix = "kafka.security."
+    if security.protocol not in KAFKA_PROTOCOLS:
+        raise ConfigError(
+            f"{prefix}protocol must be one of {', '.join(KAFKA_PROTOCOLS)}; "
+            f"got {security.protocol!r}"
+        )
+    ssl_given = [
+        name
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_file")
+        if getattr(security, name)
+    ] + (["ssl_key_password"] if security.ssl_key_password else [])
+    if ssl_given and not security.tls:
+        raise ConfigError(
+            f"{prefix}{ssl_given[0]} is set but {prefix}protocol is {security.protocol}: "
+            "use SSL or SASL_SSL for TLS"
+        )
+    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        _check_file(prefix + name, getattr(security, name))
+    _one_of(
+        prefix + "ssl_key_password",
+        security.ssl_key_password,
+        prefix + "ssl_key_password_file",
+        security.ssl_key_password_file,
+    )
+    if bool(security.ssl_certfile) != bool(security.ssl_keyfile):
+        raise ConfigError(
+            f"{prefix}ssl_certfile and {prefix}ssl_keyfile go together (mutual TLS needs both)"
+        )
+    if not security.sasl:
+        if security.sasl_mechanism:
+            raise ConfigError(
+                f"{prefix}sasl_mechanism is set but {prefix}protocol is {security.protocol}: "
+                "use SASL_PLAINTEXT or SASL_SSL for SASL"
+            )
+        return
+    if security.sasl_mechanism not in KAFKA_SASL_MECHANISMS:
+        raise ConfigError(
+            f"{prefix}sasl_mechanism must be one of {', '.join(KAFKA_SASL_MECHANISMS)} with "
+            f"protocol {security.protocol}; got {security.sasl_mechanism!r}"
+        )
+    if security.sasl_mechanism == "OAUTHBEARER":
+        _validate_oauth(security)
+        return
+    if not security.sasl_username:
+        raise ConfigError(f"{prefix}sasl_username is needed for {security.sasl_mechanism}")
+    _one_of(
+        prefix + "sasl_password",
+        security.sasl_password,
+        prefix + "sasl_password_file",
+        security.sasl_password_file,
+    )
+    if not (security.sasl_password or security.sasl_password_file):
+        raise ConfigError(
+            f"{prefix}sasl_password or {prefix}sasl_password_file is needed for "
+            f"{security.sasl_mechanism}"
+        )
+
+
+def _validate_oauth(security: KafkaSecuritySettings) -> None:
+    prefix = "kafka.security."
+    if security.oauth_token_file:
+        if security.oauth_token_endpoint:
+            raise ConfigError(
+                f"set {prefix}oauth_token_endpoint or {prefix}oauth_token_file, not both"
+            )
+        _check_file(prefix + "oauth_token_file", security.oauth_token_file)
+        return
+    if not security.oauth_token_endpoint:
+        raise ConfigError(
+            f"OAUTHBEARER needs {prefix}oauth_token_endpoint (the client-credentials flow) "
+            f"or {prefix}oauth_token_file"
+        )
+    if not security.oauth_token_endpoint.startswith(("https://", "http://")):
+        raise ConfigError(f"{prefix}oauth_token_endpoint must be an http(s) URL")
+    if not security.oauth_client_id:
+        raise ConfigError(f"{prefix}oauth_client_id is needed with {prefix}oauth_token_endpoint")
+    _one_of(
+        prefix + "oauth_client_secret",
+        security.oauth_client_secret,
+        prefix + "oauth_client_secret_file",
+        security.oauth_client_secret_file,
+    )
+    if not (security.oauth_client_secret or security.oauth_client_secret_file):
+        raise ConfigError(
+            f"{prefix}oauth_client_secret or {prefix}oauth_client_secret_file is needed with "
+            f"{prefix}oauth_token_endpoint"
+        )
+
+
+def _validate_zookeeper_security(security: ZooKeeperSecuritySettings) -> None:
+    prefix = "zookeeper.security."
+    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        path = getattr(security, name)
+        if path and not security.tls:
+            raise ConfigError(f"{prefix}{name} is set but {prefix}tls is false")
+        _check_file(prefix + name, path)
+    if bool(security.ssl_certfile) != bool(security.ssl_keyfile):
+        raise ConfigError(f"{prefix}ssl_certfile and {prefix}ssl_keyfile go together")
+    if security.sasl_mechanism not in ZOOKEEPER_SASL_MECHANISMS:
+        raise ConfigError(
+            f"{prefix}sasl_mechanism must be empty or DIGEST-MD5; got {security.sasl_mechanism!r}"
+        )
+    _one_of(
+        prefix + "digest_password",
+        security.digest_password,
+        prefix + "digest_password_file",
+        security.digest_password_file,
+    )
+    has_password = bool(security.digest_password or security.digest_password_file)
+    if security.sasl_mechanism and not security.digest_username:
+        raise ConfigError(f"{prefix}sasl_mechanism DIGEST-MD5 needs {prefix}digest_username")
+    if bool(security.digest_username) != has_password:
+        raise ConfigError(
+            f"{prefix}digest_username and {prefix}digest_password (or "
+            f"{prefix}digest_password_file) go together"
+        )
+
 
 def _validate(section: str, values: Any) -> None:
     if section == "produce" and values.header_format not in HEADER_FORMATS:
@@ -509,6 +814,10 @@ def _validate(section: str, values: Any) -> None:
         )
     if section == "consumer":
         _validate_consumer(values)
+    if section == "kafka":
+        _validate_kafka_security(values)
+    if section == "zookeeper":
+        _validate_zookeeper_security(values.security)
     if section in {"changes", "zookeeper", "kafka", "http", "produce", "audit"}:
         _validate_positive(section, values)
     if section == "kafka" and values.replication_margin_ms < 0:

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from ordered_dev.devcluster.provider import ClusterEndpoints, provide_cluster
+from ordered_dev.devcluster.cluster import LocalCluster
+from ordered_dev.devcluster.provider import (
+    ClusterEndpoints,
+    provide_cluster,
+    provide_secured_cluster,
+)
+from ordered_dev.devcluster.security import LIMITED_USER
 
 # No per-example deadline: on a 2-core machine running three brokers beside the tests,
 # example timings vary with load, and a timing is not what these properties check.
@@ -33,3 +39,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def cluster() -> Iterator[ClusterEndpoints]:
     with provide_cluster() as endpoints:
         yield endpoints
+
+
+@pytest.fixture(scope="session")
+def secured_cluster() -> Iterator[LocalCluster]:
+    """A second, secured cluster (``devcluster up --security sasl_ssl``, one broker),
+    started only by the tests that ask for it; ``limited`` may use topics named
+    ``granted-*``, any group and transactional id, and write idempotently."""
+    with provide_secured_cluster() as secured:
+        secured.grant_acls(
+            f"User:{LIMITED_USER}",
+            "topic:prefixed:granted-",
+            "group:literal:*",
+            "transactional_id:literal:*",
+            # Not ALL: Create on the cluster would allow creating any topic.
+            "cluster:literal:kafka-cluster:idempotent_write",
+        )
+        yield secured

@@ -9,6 +9,7 @@ from pathlib import Path
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.errors import DevClusterError
 from ordered_dev.devcluster.install import ensure_installed
+from ordered_dev.devcluster.security import SECURITY_MODES
 
 
 def default_work_dir() -> Path:
@@ -32,6 +33,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     actions.add_parser("install", help="resolve the Kafka and ZooKeeper jars with Maven")
     up = actions.add_parser("up", help="start the cluster and wait until it accepts clients")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds (default: %(default)s)")
+    up.add_argument(
+        "--security",
+        choices=SECURITY_MODES,
+        default="",
+        help="TLS, mutual TLS, SASL (SCRAM, PLAIN, OAUTHBEARER) and ACLs on Kafka, TLS and "
+        "SASL on ZooKeeper; certificates and users are made in <dir>/security",
+    )
+    up.add_argument("--brokers", type=int, default=3, help="Kafka nodes (default: %(default)s)")
     actions.add_parser("down", help="stop every process this cluster started")
     actions.add_parser("status", help="print each server's pid, port and liveness as JSON")
     parser.set_defaults(handler=run)
@@ -52,13 +61,22 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kafka {installed.kafka_version}: {installed.kafka_libs}")
         print(f"zookeeper {installed.zookeeper_version}: {installed.zookeeper_libs}")
         return 0
-    cluster = LocalCluster(work_dir)
     if args.action == "up":
+        cluster = LocalCluster(work_dir, broker_count=args.brokers, security=args.security)
         seconds = cluster.start(timeout=args.timeout)
         print(f"cluster up in {seconds:.1f} s ({work_dir})")
+        if cluster.security:
+            material = cluster.material
+            print(f"  kafka SASL_SSL:  {cluster.kafka_bootstrap}")
+            print(f"  kafka mTLS:      {cluster.mtls_bootstrap}")
+            print(f"  zookeeper TLS:   {cluster.zookeeper_tls_hosts}")
+            print(f"  zookeeper:       {cluster.zookeeper_hosts} (no identity: read only)")
+            print(f"  CA, certificates and passwords: {material.directory}/material.json")
+            return 0
         print(f"  kafka bootstrap: {cluster.kafka_bootstrap}")
         print(f"  zookeeper:       {cluster.zookeeper_hosts}")
         return 0
+    cluster = LocalCluster(work_dir)
     if args.action == "down":
         cluster.stop()
         print("cluster stopped")

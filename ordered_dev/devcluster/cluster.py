@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -26,6 +27,15 @@ from typing import Any, TypeVar
 
 from ordered_dev.devcluster.errors import DevClusterError
 from ordered_dev.devcluster.install import InstalledServers, ensure_installed
+from ordered_dev.devcluster.security import (
+    ADMIN_USER,
+    SECURITY_MODES,
+    SecurityMaterial,
+    kafka_jvm_flags,
+    kafka_security_properties,
+    zookeeper_jvm_flags,
+    zookeeper_security_config,
+)
 
 _T = TypeVar("_T")
 
@@ -73,6 +83,12 @@ class ClusterState:
     kafka_ports: dict[str, int]
     controller_ports: dict[str, int]
     processes: dict[str, ProcessRecord] = field(default_factory=dict)
+    security: str = ""
+    """"" (PLAINTEXT everywhere) or a mode of ``ordered_dev.devcluster.security``."""
+    mtls_ports: dict[str, int] = field(default_factory=dict)
+    """Secured clusters: each node's mutual-TLS listener (``kafka_ports`` is SASL_SSL)."""
+    secure_zookeeper_port: int = 0
+    """Secured clusters: ZooKeeper's TLS client port."""
 
     @classmethod
     def load(cls, path: Path) -> ClusterState:
@@ -113,7 +129,10 @@ class LocalCluster:
         *,
         broker_count: int = 3,
         installed: InstalledServers | None = None,
+        security: str = "",
     ) -> None:
+        if security and security not in SECURITY_MODES:
+            raise DevClusterError(f"unknown security mode {security!r}: {SECURITY_MODES}")
         self.work_dir = work_dir.resolve()
         self.broker_count = broker_count
         self._installed = installed
@@ -121,6 +140,11 @@ class LocalCluster:
         self.state: ClusterState | None = (
             ClusterState.load(state_path) if state_path.exists() else None
         )
+        # A cluster keeps the mode it was created with (``down`` needs no flag).
+        self.security = self.state.security if self.state is not None else security
+        if self.state is not None:
+            self.broker_count = len(self.state.kafka_ports)
+        self._material: SecurityMaterial | None = None
 
     # Addresses ---------------------------------------------------------------------------
 
@@ -131,7 +155,29 @@ class LocalCluster:
 
     @property
     def zookeeper_hosts(self) -> str:
+        """ZooKeeper's plain client port (a secured cluster's too: for clients without
+        an identity, which can read at most)."""
         return f"127.0.0.1:{self._require_state().zookeeper_port}"
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        """A secured cluster's mutual-TLS listeners."""
+        state = self._require_state()
+        return ",".join(f"127.0.0.1:{port}" for port in state.mtls_ports.values())
+
+    @property
+    def zookeeper_tls_hosts(self) -> str:
+        """A secured cluster's ZooKeeper TLS client port."""
+        return f"127.0.0.1:{self._require_state().secure_zookeeper_port}"
+
+    @property
+    def material(self) -> SecurityMaterial:
+        """A secured cluster's CA, certificates and credentials (made at its first start)."""
+        if not self.security:
+            raise DevClusterError("this cluster runs without security")
+        if self._material is None:
+            self._material = SecurityMaterial.load_or_create(self.work_dir / "security")
+        return self._material
 
     def node_ids(self) -> list[int]:
         return list(range(1, self.broker_count + 1))
@@ -248,9 +294,62 @@ class LocalCluster:
             ports = self._require_state().kafka_ports.values()
             if not all(port_open(port) for port in ports):
                 return False
-            return run_in_thread(broker_count_of(self.kafka_bootstrap)) >= expected
+            probe = broker_count_of(self.kafka_bootstrap, **self.admin_client_arguments())
+            return run_in_thread(probe) >= expected
 
         self._wait_until(ready, timeout, "kafka-1", f"Kafka did not show {expected} brokers")
+
+    def grant_acls(self, principal: str, *resources: str) -> None:
+        """Allow ``principal`` (``User:name``) operations on ``resources`` of a secured
+        cluster, each ``<type>:<literal|prefixed>:<name>[:<operation>]`` (ALL unless
+        given; ``java/GrantAcls.java``)."""
+        material = self.material
+        config = Path(material.directory) / "admin.properties"
+        password = material.passwords[ADMIN_USER]
+        config.write_text(
+            f"bootstrap.servers={self.kafka_bootstrap}\n"
+            "security.protocol=SASL_SSL\n"
+            "sasl.mechanism=SCRAM-SHA-512\n"
+            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
+            f'required username="{ADMIN_USER}" password="{password}";\n'
+            "ssl.truststore.type=PEM\n"
+            f"ssl.truststore.location={material.ca}\n"
+        )
+        installed = self._require_installed()
+        source = Path(__file__).parent / "java" / "GrantAcls.java"
+        result = subprocess.run(
+            [
+                installed.java,
+                *JVM_FLAGS,
+                "-cp",
+                installed.kafka_classpath,
+                str(source),
+                str(config),
+                principal,
+                *resources,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            raise DevClusterError(
+                f"granting ACLs failed:\n{(result.stdout + result.stderr)[-3000:]}"
+            )
+
+    def admin_client_arguments(self) -> dict[str, Any]:
+        """aiokafka arguments of a super user at ``kafka_bootstrap`` (none: PLAINTEXT)."""
+        if not self.security:
+            return {}
+        context = ssl.create_default_context(cafile=self.material.ca)
+        return {
+            "security_protocol": "SASL_SSL",
+            "ssl_context": context,
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": ADMIN_USER,
+            "sasl_plain_password": self.material.passwords[ADMIN_USER],
+        }
 
     def log_tail(self, name: str, chars: int = 4000) -> str:
         """The end of a server's log file and of its console output (where a JVM that
@@ -265,12 +364,18 @@ class LocalCluster:
 
     def _new_state(self) -> ClusterState:
         nodes = [str(n) for n in self.node_ids()]
-        ports = free_ports(1 + 2 * len(nodes))
+        ports = free_ports(2 + 3 * len(nodes))
+        secured = bool(self.security)
         return ClusterState(
             cluster_id=base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="),
             zookeeper_port=ports[0],
-            kafka_ports={n: ports[1 + i] for i, n in enumerate(nodes)},
-            controller_ports={n: ports[1 + len(nodes) + i] for i, n in enumerate(nodes)},
+            kafka_ports={n: ports[2 + i] for i, n in enumerate(nodes)},
+            controller_ports={n: ports[2 + len(nodes) + i] for i, n in enumerate(nodes)},
+            security=self.security,
+            mtls_ports={n: ports[2 + 2 * len(nodes) + i] for i, n in enumerate(nodes)}
+            if secured
+            else {},
+            secure_zookeeper_port=ports[1] if secured else 0,
         )
 
     def _spawn_zookeeper(self) -> None:
@@ -279,11 +384,20 @@ class LocalCluster:
         node_dir = self._node_dir("zookeeper")
         (node_dir / "data").mkdir(parents=True, exist_ok=True)
         config = node_dir / "zoo.cfg"
-        config.write_text(zookeeper_config(state.zookeeper_port, node_dir / "data"))
+        text = zookeeper_config(state.zookeeper_port, node_dir / "data")
+        security_flags: list[str] = []
+        if self.security:
+            text += "\n".join(zookeeper_security_config(self.material, state.secure_zookeeper_port))
+            text += "\n"
+            jaas = node_dir / "jaas.conf"
+            jaas.write_text(self.material.zookeeper_jaas())
+            security_flags = zookeeper_jvm_flags(jaas)
+        config.write_text(text)
         command = [
             installed.java,
             *ZOOKEEPER_HEAP,
             *JVM_FLAGS,
+            *security_flags,
             *self._logging_flags(node_dir),
             "-cp",
             installed.zookeeper_classpath,
@@ -307,6 +421,7 @@ class LocalCluster:
             installed.java,
             *KAFKA_HEAP,
             *JVM_FLAGS,
+            *(kafka_jvm_flags(self.material) if self.security else []),
             *self._logging_flags(node_dir),
             "-cp",
             installed.kafka_classpath,
@@ -318,7 +433,19 @@ class LocalCluster:
 
     def _kafka_properties(self, node_id: int, log_dir: Path) -> str:
         state = self._require_state()
-        return kafka_properties(node_id, state.kafka_ports, state.controller_ports, log_dir)
+        overrides: dict[str, object] = {}
+        if self.security:
+            node = str(node_id)
+            overrides = kafka_security_properties(
+                self.material,
+                node_id,
+                state.kafka_ports[node],
+                state.mtls_ports[node],
+                state.controller_ports[node],
+            )
+        return kafka_properties(
+            node_id, state.kafka_ports, state.controller_ports, log_dir, overrides
+        )
 
     def _format_storage(self, properties: Path, node_dir: Path) -> None:
         installed = self._require_installed()
@@ -336,6 +463,7 @@ class LocalCluster:
             state.cluster_id,
             "-c",
             str(properties),
+            *(self.material.scram_arguments() if self.security else []),
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
@@ -443,9 +571,11 @@ def kafka_properties(
     kafka_ports: Mapping[str, int],
     controller_ports: Mapping[str, int],
     log_dir: Path | str,
+    overrides: Mapping[str, object] | None = None,
 ) -> str:
     """server.properties of combined broker/controller ``node_id`` of a KRaft cluster whose
-    nodes listen on 127.0.0.1 at ``kafka_ports`` and ``controller_ports`` (by node id)."""
+    nodes listen on 127.0.0.1 at ``kafka_ports`` and ``controller_ports`` (by node id);
+    ``overrides`` replace or add lines (a secured cluster's listeners)."""
     port = kafka_ports[str(node_id)]
     controller_port = controller_ports[str(node_id)]
     voters = ",".join(f"{node}@127.0.0.1:{p}" for node, p in controller_ports.items())
@@ -481,6 +611,7 @@ def kafka_properties(
         "num.replica.fetchers": 1,
         "background.threads": 2,
     }
+    settings.update(overrides or {})
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -537,10 +668,10 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-async def broker_count_of(bootstrap: str) -> int:
+async def broker_count_of(bootstrap: str, **client: Any) -> int:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **client)
     try:
         await admin.start()
         description = await admin.describe_cluster()

@@ -22,12 +22,19 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.errors import DevClusterError
+from ordered_dev.devcluster.security import SIDECAR_USER
+from sidecar.adapters.kafka_security import security_arguments
+from sidecar.config import (
+    KafkaSecuritySettings,
+    Secret,
+    ZooKeeperSecuritySettings,
+)
 
 if TYPE_CHECKING:
     from ordered_dev.devcluster.docker_cluster import DockerCluster
@@ -61,6 +68,21 @@ class ClusterEndpoints:
     """The local processes, when this run started them."""
     docker: DockerCluster | None = None
     """The containers, when this run started them."""
+    kafka_security: KafkaSecuritySettings = field(default_factory=KafkaSecuritySettings)
+    """How clients of ``kafka_bootstrap`` connect (a secured cluster's listener)."""
+    zookeeper_security: ZooKeeperSecuritySettings = field(default_factory=ZooKeeperSecuritySettings)
+    """How the sidecars connect to ``sidecar_zookeeper_hosts``."""
+    secure_zookeeper_hosts: str = ""
+    """A secured cluster's ZooKeeper TLS port; ``zookeeper_hosts`` is its plain port."""
+
+    @property
+    def sidecar_zookeeper_hosts(self) -> str:
+        """Where sidecars connect to ZooKeeper (with ``zookeeper_security``)."""
+        return self.secure_zookeeper_hosts or self.zookeeper_hosts
+
+    def kafka_client_arguments(self) -> dict[str, Any]:
+        """aiokafka arguments a test's own client needs at ``kafka_bootstrap``."""
+        return security_arguments(self.kafka_security)
 
     @property
     def replication_factor(self) -> int:
@@ -136,3 +158,72 @@ def _docker_cluster() -> Iterator[ClusterEndpoints]:
             )
         finally:
             cluster.stop()
+
+
+SECURED_BROKERS = 1
+"""A secured cluster has one broker: it runs beside the session's PLAINTEXT cluster on a
+small machine, and what it tests (TLS, SASL, ACLs) does not depend on replication."""
+
+
+@contextmanager
+def provide_secured_cluster(work_dir: Path | None = None) -> Iterator[LocalCluster]:
+    """A local cluster in security mode (``ordered_dev.devcluster.security``), stopped
+    at the end. Always local processes: its certificates and users are made here."""
+    with tempfile.TemporaryDirectory(prefix="ordered-sidecar-secured-") as temporary:
+        cluster = LocalCluster(
+            work_dir or Path(temporary), broker_count=SECURED_BROKERS, security="sasl_ssl"
+        )
+        try:
+            cluster.start(timeout=240.0)
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+SECURED_IDENTITIES = ("scram", "mtls")
+
+
+def secured_endpoints(
+    cluster: LocalCluster, identity: str = "scram", *, user: str = SIDECAR_USER
+) -> ClusterEndpoints:
+    """``cluster`` (in security mode) as clients of ``identity`` reach it: ``scram``
+    (SASL_SSL, SCRAM-SHA-512 as ``user``) or ``mtls`` (mutual TLS with the sidecar's
+    certificate, its key encrypted); ZooKeeper over TLS with SASL DIGEST-MD5."""
+    material = cluster.material
+    if identity == "scram":
+        bootstrap = cluster.kafka_bootstrap
+        kafka = KafkaSecuritySettings(
+            protocol="SASL_SSL",
+            ssl_cafile=material.ca,
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username=user,
+            sasl_password=Secret(material.passwords[user]),
+        )
+    elif identity == "mtls":
+        bootstrap = cluster.mtls_bootstrap
+        kafka = KafkaSecuritySettings(
+            protocol="SSL",
+            ssl_cafile=material.ca,
+            ssl_certfile=str(material.sidecar.certfile),
+            ssl_keyfile=str(material.sidecar.keyfile),
+            ssl_key_password=Secret(material.sidecar.key_password),
+        )
+    else:
+        raise DevClusterError(f"unknown identity {identity!r}: {SECURED_IDENTITIES}")
+    zookeeper = ZooKeeperSecuritySettings(
+        tls=True,
+        ssl_cafile=material.ca,
+        sasl_mechanism="DIGEST-MD5",
+        digest_username=SIDECAR_USER,
+        digest_password=Secret(material.zookeeper_password),
+    )
+    return ClusterEndpoints(
+        f"secured-{identity}",
+        bootstrap,
+        cluster.zookeeper_hosts,
+        cluster.broker_count,
+        local=cluster,
+        kafka_security=kafka,
+        zookeeper_security=zookeeper,
+        secure_zookeeper_hosts=cluster.zookeeper_tls_hosts,
+    )

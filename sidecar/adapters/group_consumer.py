@@ -25,6 +25,7 @@ from aiokafka.coordinator.protocol import (
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from sidecar.adapters.kafka import consumer_settings
 from sidecar.config import KafkaSettings
 from sidecar.core.assignment import assign
 from sidecar.core.consume import ConsumedRecord, TopicPartition
@@ -138,20 +139,20 @@ class GroupConsumer:
         assignor: type[AbstractPartitionAssignor],
     ) -> GroupConsumer:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers,
-            client_id=f"{settings.client_id}-{options.client_suffix}",
-            group_id=options.group,
-            enable_auto_commit=False,
-            auto_offset_reset=options.auto_offset_reset,
-            # Managed topics are written in transactions: what a fenced (zombie)
-            # sidecar sent is aborted, and must never be read.
-            isolation_level="read_committed",
-            partition_assignment_strategy=(assignor,),
-            # Added partitions are noticed (and the group rebalanced) within seconds.
-            metadata_max_age_ms=options.metadata_max_age_ms,
-            request_timeout_ms=settings.request_timeout_ms,
-            fetch_min_bytes=options.fetch_min_bytes,
-            **dict(settings.client),
+            **consumer_settings(
+                settings,
+                options.client_suffix,
+                group_id=options.group,
+                enable_auto_commit=False,
+                auto_offset_reset=options.auto_offset_reset,
+                # Managed topics are written in transactions: what a fenced (zombie)
+                # sidecar sent is aborted, and must never be read.
+                isolation_level="read_committed",
+                partition_assignment_strategy=(assignor,),
+                # Added partitions are noticed (and the group rebalanced) within seconds.
+                metadata_max_age_ms=options.metadata_max_age_ms,
+                fetch_min_bytes=options.fetch_min_bytes,
+            )
         )
         try:
             await consumer.start()

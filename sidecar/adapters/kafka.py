@@ -31,6 +31,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, Records
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     BrokerResponseError,
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
     InvalidConfigurationError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
@@ -39,21 +41,29 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     PolicyViolationError,
+    SaslAuthenticationFailed,
     TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
     UnknownTopicOrPartitionError,
     for_code,
 )
 from aiokafka.errors import ProducerFenced as KafkaProducerFenced
-from aiokafka.helpers import create_ssl_context
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.protocol.metadata import MetadataRequest
 
+from sidecar.adapters.kafka_security import (
+    coerced_client_options,
+    diagnose,
+    security_arguments,
+)
 from sidecar.config import KafkaSettings
 from sidecar.core.errors import (
     InvalidPartitionCount,
+    KafkaAuthenticationFailed,
     KafkaBadRequest,
     KafkaFailure,
+    KafkaNotAuthorized,
     KafkaUnavailable,
     ProducerFenced,
     ShuttingDown,
@@ -68,13 +78,10 @@ _ALREADY_HAS = re.compile(r"already has (\d+) partition")
 Header = tuple[str, bytes | None]
 
 # Settings every aiokafka client accepts (they configure AIOKafkaClient's connections);
-# any other key of ``kafka.client`` tunes the producer only.
+# any other key of ``kafka.client`` tunes the producer only. Security settings come from
+# ``kafka.security`` (``sidecar.adapters.kafka_security``), never from ``kafka.client``.
 _CONNECTION_KEYS = frozenset(
     {
-        "security_protocol",
-        "sasl_mechanism",
-        "sasl_plain_username",
-        "sasl_plain_password",
         "sasl_kerberos_service_name",
         "sasl_kerberos_domain_name",
         "connections_max_idle_ms",
@@ -82,13 +89,6 @@ _CONNECTION_KEYS = frozenset(
         "metadata_max_age_ms",
     }
 )
-# aiokafka wants an SSLContext, which a TOML file cannot hold: these build one.
-_SSL_KEYS = {
-    "ssl_cafile": "cafile",
-    "ssl_certfile": "certfile",
-    "ssl_keyfile": "keyfile",
-    "ssl_password": "password",
-}
 FENCED_ERRORS = (KafkaProducerFenced, TransactionalIdAuthorizationFailed)
 """After these a transactional id belongs to another producer (or to none): never retried."""
 _UNKNOWN_TOPIC_ERRNO = UnknownTopicOrPartitionError.errno
@@ -126,13 +126,20 @@ class SendFailed(Exception):
     """
 
     def __init__(
-        self, message: str, *, maybe_appended: bool, retriable: bool | None = None
+        self,
+        message: str,
+        *,
+        maybe_appended: bool,
+        retriable: bool | None = None,
+        not_authorized: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.maybe_appended = maybe_appended
         self.retriable = maybe_appended if retriable is None else retriable
         """Sending the record again is what the client should do (nothing was refused)."""
+        self.not_authorized = not_authorized
+        """Kafka's ACLs refused this sidecar's principal the topic (nothing was appended)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +195,13 @@ class KafkaGateway:
                 await consumer.start()
         except (KafkaError, OSError, TimeoutError) as exc:
             await _close_all(producer, admin, consumer)
+            # aiokafka says only "unable to bootstrap": one connection of our own tells a
+            # refused credential or certificate from a cluster that is away.
+            if isinstance(exc, _NOT_AUTHORIZED):
+                raise _principal_refused(self._settings, exc) from exc
+            refused = await diagnose(self._settings)
+            if refused is not None:
+                raise refused from exc
             reason = str(exc) or f"no answer within {self._timeout_s:g} s"
             raise KafkaUnavailable(
                 f"cannot reach Kafka at {self._settings.bootstrap_servers}: {reason}"
@@ -243,7 +257,11 @@ class KafkaGateway:
         try:
             await self._await_partition(topic, max(record.partition for record in records))
         except SidecarError as exc:
-            return [SendFailed(exc.message, maybe_appended=False) for _ in records]
+            refused = isinstance(exc, KafkaNotAuthorized)
+            return [
+                SendFailed(exc.message, maybe_appended=False, not_authorized=refused)
+                for _ in records
+            ]
         # Enqueued one after the other, so the accumulator keeps the request's order.
         deliveries = [await self._enqueue(topic, record) for record in records]
         # One wait for the whole batch: a task and a timer per record cost more than
@@ -318,7 +336,9 @@ class KafkaGateway:
         # expired without a leader in message_accumulator.drain_by_nodes, a connection
         # error) may follow an attempt that reached the broker.
         refused = isinstance(exc, BrokerResponseError) and not exc.retriable
-        return SendFailed(str(exc), maybe_appended=not refused)
+        return SendFailed(
+            str(exc), maybe_appended=not refused, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
+        )
 
     async def fence_producer(self, transactional_id: str) -> None:
         """Fence whoever writes with ``transactional_id``: initialise it (which bumps its
@@ -649,27 +669,34 @@ class KafkaGateway:
 
 
 def client_settings(settings: KafkaSettings) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(settings for every aiokafka client, extra settings for producers only)."""
+    """(settings for every aiokafka client, extra settings for producers only).
+
+    Every client the sidecar makes is built from these, so each connects with the same
+    ``kafka.security``. Raises ConfigError (a TLS file that cannot be used, a
+    ``kafka.client`` value of the wrong type)."""
     common: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap_servers,
         "client_id": settings.client_id,
         "request_timeout_ms": settings.request_timeout_ms,
+        **security_arguments(settings.security),
     }
     producer: dict[str, Any] = {}
-    ssl: dict[str, Any] = {}
-    for name, value in settings.client.items():
-        if name in _SSL_KEYS:
-            ssl[_SSL_KEYS[name]] = value
-        elif name in _CONNECTION_KEYS:
+    for name, value in coerced_client_options(settings.client).items():
+        if name in _CONNECTION_KEYS:
             common[name] = value
         elif name in ("acks", "enable_idempotence", "transactional_id"):
             # Ordering and fencing depend on these: they are not settings.
             _log.warning("ignoring kafka.client.%s: the sidecar needs its own value", name)
         else:
             producer[name] = value
-    if ssl:
-        common["ssl_context"] = create_ssl_context(**ssl)
     return common, producer
+
+
+def consumer_settings(settings: KafkaSettings, client_suffix: str, **own: Any) -> dict[str, Any]:
+    """A group consumer's arguments: ``client_settings``' common part (security
+    included) with its own client id, then ``own`` (which wins)."""
+    common, _ = client_settings(settings)
+    return common | {"client_id": f"{settings.client_id}-{client_suffix}"} | own
 
 
 async def enqueue(
@@ -693,8 +720,10 @@ async def enqueue(
         raise
     except KafkaError as exc:
         # send() raises before the record is queued (too large for max_request_size,
-        # buffer full, producer closed).
-        return SendFailed(str(exc), maybe_appended=False)
+        # buffer full, producer closed, the topic's metadata refused by an ACL).
+        return SendFailed(
+            str(exc), maybe_appended=False, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
+        )
 
 
 def sent_record(metadata: Any) -> SentRecord:
@@ -728,6 +757,9 @@ async def start_transactional_producer(settings: KafkaSettings, transactional_id
         raise ProducerFenced(f"transactional id {transactional_id}: {exc}") from exc
     except (KafkaError, OSError, TimeoutError) as exc:
         await _close_all(producer)
+        refused = await diagnose(settings)
+        if refused is not None:
+            raise refused from exc
         reason = str(exc) or f"no answer within {timeout_s:g} s"
         message = f"initialising transactional id {transactional_id}: {reason}"
         raise KafkaUnavailable(message) from exc
@@ -799,6 +831,13 @@ def _error_for_code(code: int, message: str) -> KafkaError:
     return for_code(code)(message)
 
 
+# ACLs refuse this sidecar's principal: an operator's matter, answered 503, never 500.
+_NOT_AUTHORIZED = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+)
+
 # Errors Kafka answers when the request itself is wrong: the caller's mistake, not a
 # failure of the cluster.
 _REFUSED_AS_INVALID = (
@@ -810,7 +849,25 @@ _REFUSED_AS_INVALID = (
 )
 
 
+def _principal_refused(settings: KafkaSettings, exc: KafkaError) -> KafkaNotAuthorized:
+    security = settings.security
+    if security.sasl and security.sasl_mechanism != "OAUTHBEARER":
+        principal = f"User:{security.sasl_username} (kafka.security.sasl_username)"
+    elif security.ssl_certfile:
+        principal = "the subject of kafka.security.ssl_certfile"
+    else:
+        principal = "this sidecar's principal"
+    return KafkaNotAuthorized(
+        f"kafka.security: {principal} is not authorized by Kafka's ACLs "
+        f"({type(exc).__name__}); it needs the ACLs listed in the README"
+    )
+
+
 def _translated(exc: KafkaError, what: str) -> SidecarError:
+    if isinstance(exc, _NOT_AUTHORIZED):
+        return KafkaNotAuthorized(f"{what}: {type(exc).__name__}: not allowed by Kafka's ACLs")
+    if isinstance(exc, SaslAuthenticationFailed):
+        return KafkaAuthenticationFailed(f"{what}: Kafka refused this sidecar's credentials")
     if isinstance(exc, UnknownTopicOrPartitionError):
         return UnknownTopic(f"{what}: {exc}")
     if isinstance(exc, _REFUSED_AS_INVALID):

@@ -58,9 +58,11 @@ from typing import Any, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
+    AuthFailedError,
     BadVersionError,
     ConnectionDropped,
     ConnectionLoss,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -69,11 +71,15 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KeeperState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
+from sidecar.adapters.zookeeper_security import diagnose_tls, identity_of, kazoo_arguments
+from sidecar.config import ZooKeeperSecuritySettings
 from sidecar.core import names as _names
 from sidecar.core.errors import (
     ChangeTakenOver,
+    MetadataNotAuthorized,
     MetadataUnavailable,
     OperationInProgress,
     TopicAlreadyManaged,
@@ -138,11 +144,18 @@ class MetadataStore:
         session_timeout_s: float = 10.0,
         lock_poll_s: float = 0.05,
         transaction_attempts: int = 5,
+        security: ZooKeeperSecuritySettings | None = None,
     ) -> None:
         self._root = root.rstrip("/")
         self._lock_poll_s = lock_poll_s
         self._transaction_attempts = transaction_attempts
-        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self._hosts = hosts
+        self._security = security or ZooKeeperSecuritySettings()
+        self._identity = identity_of(self._security)
+        self._auth_failed = False
+        self._client = KazooClient(
+            hosts=hosts, timeout=session_timeout_s, **kazoo_arguments(self._security)
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = SessionState.LOST
         self._state_events_seen = False
@@ -161,13 +174,29 @@ class MetadataStore:
     # The timeout is kazoo's own connect wait, which also stops kazoo retrying in its
     # threads; cancelling the await with asyncio.timeout would not.
     async def start(self, timeout: float = 15.0) -> None:  # noqa: ASYNC109
-        """Connect. Raises MetadataUnavailable if ZooKeeper does not answer in time."""
+        """Connect. Raises MetadataUnavailable if ZooKeeper does not answer in time,
+        MetadataNotAuthorized if it refuses the TLS handshake or the credentials (the
+        message names the setting), or if the znodes' ACLs do not let this identity in."""
         self._loop = asyncio.get_running_loop()
         self._client.add_listener(self._on_kazoo_state)
-        try:
-            await asyncio.to_thread(self._client.start, timeout)
-        except _CONNECTION_ERRORS as exc:
-            raise MetadataUnavailable(f"cannot connect to ZooKeeper: {exc!r}") from exc
+        connected = await asyncio.to_thread(self._connect, timeout)
+        if not connected:
+            if self._auth_failed:
+                raise MetadataNotAuthorized(
+                    "zookeeper.security.digest_username / digest_password: ZooKeeper refused "
+                    f"the {self._security.sasl_mechanism or 'digest'} credentials of "
+                    f"{self._security.digest_username!r}"
+                )
+            refused = (
+                await asyncio.to_thread(diagnose_tls, self._hosts, self._security)
+                if self._security.tls
+                else None
+            )
+            if refused is not None:
+                raise MetadataNotAuthorized(refused)
+            raise MetadataUnavailable(
+                f"cannot connect to ZooKeeper at {self._hosts}: no session within {timeout:g} s"
+            )
         # The CONNECTED callback races with start() returning; a later event wins.
         if not self._state_events_seen:
             self._state = SessionState.CONNECTED
@@ -190,8 +219,24 @@ class MetadataStore:
         """Call ``callback`` on the event loop at every session state change."""
         self._listeners.append(callback)
 
+    def _connect(self, timeout: float) -> bool:
+        """Start kazoo's session; False after ``timeout`` or once the server refused the
+        credentials (kazoo's own start would wait the whole timeout for that)."""
+        deadline = time.monotonic() + timeout
+        event = self._client.start_async()
+        while not event.wait(0.05):
+            if self._auth_failed or time.monotonic() >= deadline:
+                break
+        if self._client.connected:
+            return True
+        self._client.stop()
+        self._client.close()
+        return False
+
     def _on_kazoo_state(self, state: KazooState) -> None:
         # On kazoo's connection thread, which must never block.
+        if self._client.client_state == KeeperState.AUTH_FAILED:
+            self._auth_failed = True
         self._to_loop(self._session_changed, _SESSION_STATES[state])
 
     def _session_changed(self, state: SessionState) -> None:
@@ -832,6 +877,16 @@ class MetadataStore:
             return await asyncio.to_thread(function, *args, **kwargs)
         except _CONNECTION_ERRORS as exc:
             raise MetadataUnavailable(f"ZooKeeper: {exc!r}") from exc
+        except NoAuthError as exc:
+            raise MetadataNotAuthorized(
+                f"ZooKeeper refused a write under {self._root}: the znodes' ACLs do not let "
+                f"{self._identity} change them (zookeeper.security.digest_username)"
+            ) from exc
+        except AuthFailedError as exc:
+            raise MetadataNotAuthorized(
+                "zookeeper.security.digest_username / digest_password: ZooKeeper refused "
+                "the credentials"
+            ) from exc
 
     def _to_loop(self, callback: Callable[_P, None], *args: _P.args, **kwargs: _P.kwargs) -> None:
         loop = self._loop

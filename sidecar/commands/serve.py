@@ -11,6 +11,14 @@ from pathlib import Path
 
 from sidecar.compose import SidecarServer
 from sidecar.config import ConfigError, ProcessSettings, Settings, load_settings
+from sidecar.core.errors import (
+    KafkaAuthenticationFailed,
+    KafkaNotAuthorized,
+    MetadataNotAuthorized,
+)
+
+REFUSED_AT_START = (KafkaAuthenticationFailed, KafkaNotAuthorized, MetadataNotAuthorized)
+"""Errors that end ``serve`` with one line: the cluster refused this sidecar's identity."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,7 +37,13 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
     tune_process(settings.process)
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except (ConfigError, *REFUSED_AT_START) as exc:
+        # A credential, certificate or file the sidecar cannot use: one line that names
+        # the setting, no traceback; a restart will not help until it is fixed.
+        print(f"sidecar: cannot start: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -43,7 +57,11 @@ def tune_process(process: ProcessSettings) -> None:
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     server = SidecarServer(settings)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

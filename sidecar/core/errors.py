@@ -309,6 +309,35 @@ class ProducerFenced(SidecarError):
     default_message = "this sidecar's producer was fenced; it is re-registering"
 
 
+class KafkaAuthenticationFailed(SidecarError):
+    """Kafka refused this sidecar's credentials or client certificate, or the sidecar
+    refused the broker's certificate (untrusted, expired, another host's). Nothing was
+    written; an operator must fix ``kafka.security``. The message names the setting
+    and never holds a secret."""
+
+    http_status = 503
+    error_code = 50370
+    default_message = "Kafka refused this sidecar's credentials"
+
+
+class KafkaNotAuthorized(SidecarError):
+    """Kafka's ACLs do not let this sidecar's principal do what the request needs (write
+    or read the topic, create it, join the group). Nothing was written."""
+
+    http_status = 503
+    error_code = 50371
+    default_message = "this sidecar's Kafka principal is not authorized for the request"
+
+
+class MetadataNotAuthorized(SidecarError):
+    """ZooKeeper refused this sidecar's identity (authentication failed, or the znodes'
+    ACLs do not let it write): topic metadata cannot be changed. Nothing was written."""
+
+    http_status = 503
+    error_code = 50321
+    default_message = "ZooKeeper refused this sidecar's identity"
+
+
 class KafkaFailure(SidecarError):
     """A non-retriable Kafka error."""
 

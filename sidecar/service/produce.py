@@ -30,6 +30,7 @@ from sidecar.core.errors import (
     FencedGeneration,
     InvalidGeneration,
     KafkaFailure,
+    KafkaNotAuthorized,
     KafkaUnavailable,
     ProduceHoldTimeout,
     ShuttingDown,
@@ -386,6 +387,8 @@ class ProduceService:
 def _result(outcome: SentRecord | SendFailed) -> ProduceResult:
     if isinstance(outcome, SentRecord):
         return RecordWritten(outcome.partition, outcome.offset, outcome.timestamp_ms)
+    if outcome.not_authorized:
+        return RecordFailed.from_error(KafkaNotAuthorized(str(outcome)))
     error = KafkaUnavailable if outcome.retriable else KafkaFailure
     return RecordFailed.from_error(error(str(outcome)))
 

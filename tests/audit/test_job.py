@@ -257,3 +257,86 @@ def test_bucket_stats_agree_with_period_stats_bucket_by_bucket() -> None:
     per_bucket = prometheus.bucket_stats(every, 0.0, 7.0, 9)
     for index, stats in enumerate(per_bucket):
         assert stats == prometheus.period_stats(every, index * 7.0, index * 7.0 + 7.0)
+
+
+def test_the_sidecars_security_becomes_the_kafka_source_options(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text('pa"ss\n')
+    cafile = tmp_path / "ca.pem"
+    cafile.write_text("-----BEGIN CERTIFICATE-----\n")
+    config = tmp_path / "sidecar.toml"
+    config.write_text(
+        "[kafka.security]\n"
+        'protocol = "SASL_SSL"\n'
+        f'ssl_cafile = "{cafile}"\n'
+        'sasl_mechanism = "SCRAM-SHA-256"\n'
+        'sasl_username = "auditor"\n'
+        f'sasl_password_file = "{password}"\n'
+    )
+    args = build_parser().parse_args(
+        [
+            "audit",
+            "run",
+            "--bootstrap",
+            "127.0.0.1:9093",
+            "--sidecar-config",
+            str(config),
+            "--out",
+            str(tmp_path),
+            "--kafka-option",
+            "kafka.client.id=audit",
+        ]
+    )
+    options, _ = config_from_args(args)
+    assert options.kafka_options == {
+        "kafka.security.protocol": "SASL_SSL",
+        "kafka.ssl.truststore.type": "PEM",
+        "kafka.ssl.truststore.location": str(cafile),
+        "kafka.sasl.mechanism": "SCRAM-SHA-256",
+        "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+        'required username="auditor" password="pa\\"ss";',
+        "kafka.client.id": "audit",
+    }
+
+
+def test_a_client_certificate_and_oauth_become_java_client_options(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    from ordered_audit.sources import spark_kafka_options
+    from ordered_dev.devcluster.certificates import CertificateAuthority
+    from sidecar.config import KafkaSecuritySettings, Secret
+
+    client = CertificateAuthority().issue(tmp_path, "auditor", server=False, key_password="k3y")
+    options = spark_kafka_options(
+        KafkaSecuritySettings(
+            protocol="SSL",
+            ssl_certfile=str(client.certfile),
+            ssl_keyfile=str(client.keyfile),
+            ssl_key_password=Secret("k3y"),
+            ssl_check_hostname=False,
+        )
+    )
+    assert options["kafka.ssl.keystore.type"] == "PEM"
+    assert options["kafka.ssl.keystore.certificate.chain"] == client.certfile.read_text()
+    # Decrypted for the JVM, and the same key.
+    key = serialization.load_pem_private_key(options["kafka.ssl.keystore.key"].encode(), None)
+    original = serialization.load_pem_private_key(client.keyfile.read_bytes(), b"k3y")
+    assert key.public_key().public_numbers() == original.public_key().public_numbers()  # type: ignore[union-attr]
+    assert "kafka.ssl.key.password" not in options
+    assert options["kafka.ssl.endpoint.identification.algorithm"] == ""
+
+    oauth = spark_kafka_options(
+        KafkaSecuritySettings(
+            protocol="SASL_SSL",
+            sasl_mechanism="OAUTHBEARER",
+            oauth_token_endpoint="https://login.example.com/token",
+            oauth_client_id="auditor",
+            oauth_client_secret=Secret("s3cret"),
+            oauth_scope="kafka",
+        )
+    )
+    assert oauth["kafka.sasl.oauthbearer.token.endpoint.url"] == "https://login.example.com/token"
+    assert oauth["kafka.sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+        'clientId="auditor" clientSecret="s3cret" scope="kafka";'
+    )

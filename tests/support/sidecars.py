@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from sidecar.config import (
     HttpSettings,
     KafkaSettings,
     ProduceSettings,
+    Secret,
     Settings,
     ZooKeeperSettings,
 )
@@ -69,12 +71,14 @@ def settings_for(
         sidecar_id=f"{name}-{uuid.uuid4().hex[:6]}",
         kafka=KafkaSettings(
             bootstrap_servers=cluster.kafka_bootstrap,
+            security=cluster.kafka_security,
             request_timeout_ms=request_timeout_ms,
             replication_margin_ms=margin_ms,
             transaction_lanes=transaction_lanes or KafkaSettings().transaction_lanes,
         ),
         zookeeper=ZooKeeperSettings(
-            hosts=zookeeper_hosts or cluster.zookeeper_hosts,
+            hosts=zookeeper_hosts or cluster.sidecar_zookeeper_hosts,
+            security=cluster.zookeeper_security,
             root=root,
             session_timeout_s=session_timeout_s,
         ),
@@ -161,15 +165,29 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     """``settings`` as the ``ORDERED_SIDECAR__*`` variables ``sidecar serve`` reads."""
     env: dict[str, str] = {}
     for section in ("kafka", "zookeeper", "http", "produce", "faults"):
-        values = getattr(settings, section)
-        for name in values.__dataclass_fields__:
-            value = getattr(values, name)
-            if name == "client":
-                continue
-            env[f"ORDERED_SIDECAR__{section.upper()}__{name.upper()}"] = (
-                str(value).lower() if isinstance(value, bool) else str(value)
-            )
+        env |= _section_environment(
+            f"ORDERED_SIDECAR__{section.upper()}", getattr(settings, section)
+        )
     env["ORDERED_SIDECAR__SIDECAR_ID"] = settings.sidecar_id
+    return env
+
+
+def _section_environment(prefix: str, values: Any) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for name in values.__dataclass_fields__:
+        value = getattr(values, name)
+        if name == "client":
+            continue
+        if dataclasses.is_dataclass(value):  # kafka.security, zookeeper.security
+            env |= _section_environment(f"{prefix}__{name.upper()}", value)
+            continue
+        if isinstance(value, Secret):
+            if value:
+                env[f"{prefix}__{name.upper()}"] = value.reveal()
+            continue
+        env[f"{prefix}__{name.upper()}"] = (
+            str(value).lower() if isinstance(value, bool) else str(value)
+        )
     return env
 
 
@@ -267,8 +285,11 @@ async def read_all(
         bootstrap_servers=cluster.kafka_bootstrap,
         enable_auto_commit=False,
         isolation_level="read_committed",
+        **cluster.kafka_client_arguments(),
     )
-    ends_reader = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap)
+    ends_reader = AIOKafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap, **cluster.kafka_client_arguments()
+    )
     await reader.start()
     await ends_reader.start()
     try:

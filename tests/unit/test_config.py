@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import re
 from pathlib import Path
 
@@ -36,7 +37,11 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
             "ORDERED_SIDECAR__ZOOKEEPER__SESSION_TIMEOUT_S": "16.5",
             "ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "yes",
             "ORDERED_SIDECAR__HTTP__ADMIN_TOKEN": "t0ken",
-            "ORDERED_SIDECAR__KAFKA__CLIENT__SASL_PLAIN_PASSWORD": "hunter2",
+            "ORDERED_SIDECAR__KAFKA__SECURITY__PROTOCOL": "SASL_PLAINTEXT",
+            "ORDERED_SIDECAR__KAFKA__SECURITY__SASL_MECHANISM": "PLAIN",
+            "ORDERED_SIDECAR__KAFKA__SECURITY__SASL_USERNAME": "app",
+            "ORDERED_SIDECAR__KAFKA__SECURITY__SASL_PASSWORD": "hunter2",
+            "ORDERED_SIDECAR__KAFKA__CLIENT__LINGER_MS": "5",
             "UNRELATED": "x",
         },
     )
@@ -45,7 +50,8 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     assert settings.http.port == 9000
     assert settings.zookeeper.session_timeout_s == 16.5
     assert settings.http.admin_enabled is True
-    assert settings.kafka.client == {"sasl_plain_password": "hunter2"}
+    assert settings.kafka.client == {"linger_ms": "5"}
+    assert settings.kafka.security.password() == "hunter2"
     assert "hunter2" not in repr(settings)
     assert "t0ken" not in repr(settings)
 
@@ -175,3 +181,129 @@ def test_the_process_setting_sets_the_youngest_generation_only() -> None:
         assert gc.get_threshold() == (12_345, before[1], before[2])
     finally:
         gc.set_threshold(*before)
+
+
+def test_security_sections_load_from_toml_and_environment(tmp_path: Path) -> None:
+    password = tmp_path / "zk-password"
+    password.write_text("zk-s3cret\n")
+    path = _write(
+        tmp_path,
+        "[kafka.security]\n"
+        'protocol = "SASL_SSL"\n'
+        'sasl_mechanism = "SCRAM-SHA-256"\n'
+        'sasl_username = "orders"\n'
+        "[zookeeper.security]\n"
+        'sasl_mechanism = "DIGEST-MD5"\n'
+        'digest_username = "sidecar"\n'
+        f'digest_password_file = "{password}"\n',
+    )
+    settings = load_settings(
+        path,
+        environ={
+            "ORDERED_SIDECAR__KAFKA__SECURITY__SASL_PASSWORD": "kafka-s3cret",
+            "ORDERED_SIDECAR__KAFKA__SECURITY__SSL_CHECK_HOSTNAME": "false",
+            "ORDERED_SIDECAR__ZOOKEEPER__SECURITY__WORLD_READABLE": "no",
+        },
+    )
+    kafka = settings.kafka.security
+    assert (kafka.protocol, kafka.sasl_mechanism, kafka.sasl_username) == (
+        "SASL_SSL",
+        "SCRAM-SHA-256",
+        "orders",
+    )
+    assert kafka.ssl_check_hostname is False
+    assert kafka.password() == "kafka-s3cret"
+    zookeeper = settings.zookeeper.security
+    assert zookeeper.password() == "zk-s3cret"
+    assert zookeeper.world_readable is False
+    for secret in ("kafka-s3cret", "zk-s3cret"):
+        assert secret not in repr(settings)
+        assert secret not in str(settings)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"PROTOCOL": "TLS"}, "kafka.security.protocol must be one of"),
+        ({"SSL_CAFILE": "/nonexistent/ca.pem"}, "kafka.security.ssl_cafile is set but"),
+        (
+            {"PROTOCOL": "SSL", "SSL_CAFILE": "/nonexistent/ca.pem"},
+            "kafka.security.ssl_cafile: /nonexistent/ca.pem does not exist",
+        ),
+        ({"PROTOCOL": "SSL", "SSL_CERTFILE": "{file}"}, "ssl_certfile and kafka.security.ssl_key"),
+        ({"PROTOCOL": "SASL_SSL"}, "kafka.security.sasl_mechanism must be one of"),
+        (
+            {"PROTOCOL": "SASL_SSL", "SASL_MECHANISM": "PLAIN", "SASL_USERNAME": "u"},
+            "kafka.security.sasl_password or kafka.security.sasl_password_file is needed",
+        ),
+        (
+            {
+                "PROTOCOL": "SASL_SSL",
+                "SASL_MECHANISM": "PLAIN",
+                "SASL_USERNAME": "u",
+                "SASL_PASSWORD": "p",
+                "SASL_PASSWORD_FILE": "{file}",
+            },
+            "set kafka.security.sasl_password or kafka.security.sasl_password_file, not both",
+        ),
+        (
+            {"PROTOCOL": "SASL_SSL", "SASL_MECHANISM": "OAUTHBEARER"},
+            "OAUTHBEARER needs kafka.security.oauth_token_endpoint",
+        ),
+        (
+            {"PROTOCOL": "PLAINTEXT", "SASL_MECHANISM": "PLAIN"},
+            "kafka.security.sasl_mechanism is set but kafka.security.protocol is PLAINTEXT",
+        ),
+    ],
+)
+def test_kafka_security_mistakes_name_the_setting(
+    tmp_path: Path, environ: dict[str, str], message: str
+) -> None:
+    existing = tmp_path / "file.pem"
+    existing.write_text("x")
+    full = {
+        f"ORDERED_SIDECAR__KAFKA__SECURITY__{key}": value.format(file=existing)
+        for key, value in environ.items()
+    }
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings(environ=full)
+
+
+def test_an_unreadable_secret_file_names_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("x")
+    secret.chmod(0)
+    # Root reads any file: ask os.access as an ordinary user would be answered.
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != secret)
+    environ = {
+        "ORDERED_SIDECAR__KAFKA__SECURITY__PROTOCOL": "SASL_SSL",
+        "ORDERED_SIDECAR__KAFKA__SECURITY__SASL_MECHANISM": "SCRAM-SHA-512",
+        "ORDERED_SIDECAR__KAFKA__SECURITY__SASL_USERNAME": "u",
+        "ORDERED_SIDECAR__KAFKA__SECURITY__SASL_PASSWORD_FILE": str(secret),
+    }
+    with pytest.raises(ConfigError, match=r"kafka\.security\.sasl_password_file: .* not readable"):
+        load_settings(environ=environ)
+
+
+def test_security_keys_in_the_pass_through_table_point_to_the_security_section() -> None:
+    with pytest.raises(ConfigError, match=r"set kafka\.security\.ssl_cafile instead"):
+        load_settings(environ={"ORDERED_SIDECAR__KAFKA__CLIENT__SSL_CAFILE": "/etc/ca.pem"})
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"SASL_MECHANISM": "GSSAPI"}, "must be empty or DIGEST-MD5"),
+        ({"SASL_MECHANISM": "DIGEST-MD5"}, "DIGEST-MD5 needs zookeeper.security.digest_username"),
+        ({"DIGEST_USERNAME": "u"}, "digest_username and zookeeper.security.digest_password"),
+        ({"SSL_CAFILE": "/etc/hostname"}, "zookeeper.security.ssl_cafile is set but"),
+    ],
+)
+def test_zookeeper_security_mistakes_name_the_setting(
+    environ: dict[str, str], message: str
+) -> None:
+    full = {f"ORDERED_SIDECAR__ZOOKEEPER__SECURITY__{k}": v for k, v in environ.items()}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings(environ=full)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sidecar.config import _SECTIONS, ENV_PREFIX, Settings
+from sidecar.config import _SECTIONS, ENV_PREFIX, Secret, Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN = (
@@ -24,9 +24,25 @@ END = "<!-- end of settings table -->"
 def _default(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, Secret):
+        return '""'  # a secret has no default
     if isinstance(value, str | int | float):
         return json.dumps(value)
     return json.dumps(dict(value))  # kafka.client: a table passed through
+
+
+def _rows(name: str, values: Any) -> list[str]:
+    rows = []
+    for field in dataclasses.fields(values):
+        value = getattr(values, field.name)
+        if dataclasses.is_dataclass(value):  # a nested table: kafka.security
+            rows += _rows(f"{name}.{field.name}", value)
+            continue
+        env = f"{ENV_PREFIX}{name.upper().replace('.', '__')}__{field.name.upper()}"
+        if field.name == "client":
+            env += "__<KEY>"
+        rows.append(f"| `{name}.{field.name}` | `{_default(value)}` | `{env}` |")
+    return rows
 
 
 def settings_table() -> str:
@@ -37,13 +53,7 @@ def settings_table() -> str:
         f"| `sidecar_id` | host name and a random suffix | `{ENV_PREFIX}SIDECAR_ID` |",
     ]
     for section in _SECTIONS:
-        values = getattr(defaults, section)
-        for field in dataclasses.fields(values):
-            env = f"{ENV_PREFIX}{section.upper()}__{field.name.upper()}"
-            if field.name == "client":
-                env += "__<KEY>"
-            default = _default(getattr(values, field.name))
-            rows.append(f"| `{section}.{field.name}` | `{default}` | `{env}` |")
+        rows += _rows(section, getattr(defaults, section))
     return "\n".join(rows)
 
 
@@ -60,6 +70,11 @@ def test_every_section_is_in_the_table() -> None:
     table = settings_table()
     for section in _SECTIONS:
         for field in dataclasses.fields(_SECTIONS[section]):
+            if field.name == "security":
+                assert f"`{section}.security.protocol`" in table or (
+                    f"`{section}.security.tls`" in table
+                )
+                continue
             assert f"`{section}.{field.name}`" in table
 
 
