@@ -19,6 +19,7 @@ Example file::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import tomllib
@@ -123,6 +124,15 @@ class HttpSettings:
     access_log: str = "errors"
     """``errors``: one line per request answered 400 or above; ``all``: every request;
     ``off``: none (logger ``sidecar.access``, INFO)."""
+    ops_host: str = "127.0.0.1"
+    """The operations listener's address (``/healthz``, ``/readyz``, ``/metrics`` and
+    nothing else). In Kubernetes ``0.0.0.0``, so kubelet and Prometheus reach it at the
+    pod IP; the data plane stays on ``host``."""
+    ops_port: int = 8081
+    data_token: str = field(default="", repr=False)
+    """When set, every data-plane request (produce, consume, v3, admin) needs
+    ``X-Sidecar-Token: <token>``. Required when ``host`` is not a loopback address:
+    the data plane is the app's alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +232,17 @@ class ProcessSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class StartupSettings:
+    """How a sidecar waits for Kafka, ZooKeeper and its producers at start."""
+
+    retry_initial_s: float = 0.2
+    """The pause after the first failed try; it doubles at each failure after that."""
+    retry_max_s: float = 2.0
+    """The longest pause between tries (half of it random, so sidecars restarted
+    together spread out). A sidecar is ready at most this long after its cluster is."""
+
+
+@dataclass(frozen=True, slots=True)
 class FaultSettings:
     """Fault injection for the crash tests; empty in production."""
 
@@ -246,6 +267,7 @@ class Settings:
     audit: AuditSettings = field(default_factory=AuditSettings)
     process: ProcessSettings = field(default_factory=ProcessSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
+    startup: StartupSettings = field(default_factory=StartupSettings)
 
     def validate(self) -> Settings:
         """Refuse combinations that break the timing the design rests on; returns self.
@@ -324,6 +346,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "audit": AuditSettings,
     "process": ProcessSettings,
     "faults": FaultSettings,
+    "startup": StartupSettings,
 }
 
 
@@ -424,6 +447,38 @@ def _validate_http_limits(values: HttpSettings) -> None:
             raise ConfigError(f"http.{name} must be positive, got {getattr(values, name)}")
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _validate_listeners(values: HttpSettings) -> None:
+    if not 0 <= values.ops_port <= 65535:
+        raise ConfigError(f"http.ops_port must be between 0 and 65535, got {values.ops_port}")
+    if values.ops_port != 0 and values.ops_port == values.port:
+        raise ConfigError(
+            f"http.ops_port ({values.ops_port}) must differ from http.port: the operations "
+            "listener is a port of its own"
+        )
+    if not _is_loopback(values.host) and not values.data_token:
+        raise ConfigError(
+            f"http.host is {values.host!r}, not a loopback address: set http.data_token too "
+            "(the data plane is the app's alone; probes and scrapes use http.ops_host)"
+        )
+
+
+def _validate_startup(values: StartupSettings) -> None:
+    if not 0 < values.retry_initial_s <= values.retry_max_s:
+        raise ConfigError(
+            f"startup.retry_initial_s ({values.retry_initial_s:g}) must be positive and at "
+            f"most startup.retry_max_s ({values.retry_max_s:g})"
+        )
+
+
 _POSITIVE = {
     "changes": (
         "barrier_poll_s",
@@ -488,6 +543,9 @@ def _validate(section: str, values: Any) -> None:
         )
     if section == "http":
         _validate_http_limits(values)
+        _validate_listeners(values)
+    if section == "startup":
+        _validate_startup(values)
     if section == "zookeeper" and not values.root.startswith("/"):
         raise ConfigError(f"zookeeper.root must be an absolute path, got {values.root!r}")
     if section == "audit" and not 0.0 <= values.sample_rate <= 1.0:

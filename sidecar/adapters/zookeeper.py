@@ -70,6 +70,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.retry import KazooRetry
 
 from sidecar.core import names as _names
 from sidecar.core.errors import (
@@ -98,6 +99,9 @@ from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+_CONNECT_POLL_S = 0.05
+"""How often ``start`` looks whether kazoo's thread has a session yet."""
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +144,18 @@ class MetadataStore:
         transaction_attempts: int = 5,
     ) -> None:
         self._root = root.rstrip("/")
+        self._hosts = hosts
         self._lock_poll_s = lock_poll_s
         self._transaction_attempts = transaction_attempts
-        self._client = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self._client = KazooClient(
+            hosts=hosts,
+            timeout=session_timeout_s,
+            # kazoo retries connecting for ever in its own thread; its default pause grows
+            # to an hour, this one to 1 s, so a sidecar reconnects soon after ZooKeeper is
+            # back (at start as after an outage).
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+        )
+        self._connecting = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = SessionState.LOST
         self._state_events_seen = False
@@ -158,16 +171,22 @@ class MetadataStore:
 
     # Session --------------------------------------------------------------------------
 
-    # The timeout is kazoo's own connect wait, which also stops kazoo retrying in its
-    # threads; cancelling the await with asyncio.timeout would not.
     async def start(self, timeout: float = 15.0) -> None:  # noqa: ASYNC109
-        """Connect. Raises MetadataUnavailable if ZooKeeper does not answer in time."""
+        """Connect. Raises MetadataUnavailable if ZooKeeper does not answer in time;
+        kazoo keeps trying in its thread meanwhile, so calling again waits on."""
         self._loop = asyncio.get_running_loop()
-        self._client.add_listener(self._on_kazoo_state)
-        try:
-            await asyncio.to_thread(self._client.start, timeout)
-        except _CONNECTION_ERRORS as exc:
-            raise MetadataUnavailable(f"cannot connect to ZooKeeper: {exc!r}") from exc
+        if not self._connecting:
+            self._connecting = True
+            self._client.add_listener(self._on_kazoo_state)
+            # Not kazoo's start(): after its timeout it stops and closes the client.
+            self._client.start_async()
+        deadline = self._loop.time() + timeout
+        while not self._client.connected:
+            if self._loop.time() >= deadline:
+                raise MetadataUnavailable(
+                    f"cannot connect to ZooKeeper at {self._hosts}: no session within {timeout:g} s"
+                )
+            await asyncio.sleep(_CONNECT_POLL_S)
         # The CONNECTED callback races with start() returning; a later event wins.
         if not self._state_events_seen:
             self._state = SessionState.CONNECTED

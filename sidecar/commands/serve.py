@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -14,22 +15,28 @@ from sidecar.config import ConfigError, ProcessSettings, Settings, load_settings
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = subparsers.add_parser("serve", help="run the sidecar (HTTP on 127.0.0.1)")
+    serve = subparsers.add_parser(
+        "serve", help="run the sidecar (data on 127.0.0.1, probes on http.ops_port)"
+    )
     serve.add_argument("--config", type=Path, help="TOML settings file (environment overrides)")
     serve.set_defaults(handler=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    """Exit 2 with one line naming the setting for a configuration error; 0 after a
+    graceful stop. Kafka or ZooKeeper away is no reason to exit: the sidecar waits."""
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_process(settings.process)
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except ConfigError as exc:  # a port that cannot be bound
+        print(f"sidecar: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -41,13 +48,20 @@ def tune_process(process: ProcessSettings) -> None:
 
 
 async def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    server = SidecarServer(settings)
-    await server.start()
+    """Run until SIGTERM or SIGINT, then shut down gracefully; print one line on stdout
+    once ready (its last word is the data plane's URL)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"sidecar {settings.sidecar_id} ready on {server.url}", flush=True)
+    server = SidecarServer(settings)
+    await server.start()
+
+    async def announce_ready() -> None:
+        await server.wait_ready()
+        print(f"sidecar {settings.sidecar_id} ready on {server.url}", flush=True)
+
+    announcing = asyncio.create_task(announce_ready())
     await stop.wait()
+    announcing.cancel()
     await server.stop()

@@ -117,6 +117,15 @@ class NotAuthenticated(SidecarError):
     headers = (("WWW-Authenticate", 'Bearer realm="ordered-sidecar admin"'),)
 
 
+class DataTokenMissing(SidecarError):
+    """A data-plane request without ``http.data_token`` (in ``X-Sidecar-Token``), on a
+    sidecar whose data plane listens beyond loopback."""
+
+    http_status = 401
+    error_code = 40102
+    default_message = "missing or wrong data-plane token"
+
+
 class AdminDisabled(SidecarError):
     http_status = 403
     error_code = 40302
@@ -278,6 +287,17 @@ class CallbackFailed(SidecarError):
     error_code = 50340
     retriable = True
     default_message = "the app's hand-off callback failed"
+
+
+class NotReady(SidecarError):
+    """The sidecar is still starting: Kafka, ZooKeeper or its transactional producers
+    are not there yet (``/readyz`` says which). It keeps trying on its own."""
+
+    http_status = 503
+    error_code = 50360
+    retriable = True
+    default_message = "the sidecar is starting: its dependencies are not ready yet"
+    headers = (("Retry-After", "1"),)
 
 
 class TooManyConnections(SidecarError):
