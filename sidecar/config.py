@@ -242,6 +242,18 @@ class StartupSettings:
     together spread out). A sidecar is ready at most this long after its cluster is."""
 
 
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    format: str = "text"
+    """``text``: one readable line per event; ``json``: one JSON object per line (time,
+    level, logger, message, and the exception when there is one), for log collectors."""
+    level: str = "INFO"
+
+
 @dataclass(frozen=True, slots=True)
 class FaultSettings:
     """Fault injection for the crash tests; empty in production."""
@@ -268,6 +280,7 @@ class Settings:
     process: ProcessSettings = field(default_factory=ProcessSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
     startup: StartupSettings = field(default_factory=StartupSettings)
+    log: LogSettings = field(default_factory=LogSettings)
 
     def validate(self) -> Settings:
         """Refuse combinations that break the timing the design rests on; returns self.
@@ -347,6 +360,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "process": ProcessSettings,
     "faults": FaultSettings,
     "startup": StartupSettings,
+    "log": LogSettings,
 }
 
 
@@ -479,6 +493,13 @@ def _validate_startup(values: StartupSettings) -> None:
         )
 
 
+def _validate_log(values: LogSettings) -> None:
+    if values.format not in LOG_FORMATS:
+        raise ConfigError(f"log.format must be one of text, json; got {values.format!r}")
+    if values.level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"log.level must be one of {', '.join(LOG_LEVELS)}; got {values.level!r}")
+
+
 _POSITIVE = {
     "changes": (
         "barrier_poll_s",
@@ -546,6 +567,8 @@ def _validate(section: str, values: Any) -> None:
         _validate_listeners(values)
     if section == "startup":
         _validate_startup(values)
+    if section == "log":
+        _validate_log(values)
     if section == "zookeeper" and not values.root.startswith("/"):
         raise ConfigError(f"zookeeper.root must be an absolute path, got {values.root!r}")
     if section == "audit" and not 0.0 <= values.sample_rate <= 1.0:

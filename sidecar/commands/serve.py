@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import logging
 import signal
 import sys
 from pathlib import Path
 
+from sidecar.commands.logs import configure_logging
 from sidecar.compose import SidecarServer
 from sidecar.config import ConfigError, ProcessSettings, Settings, load_settings
 
@@ -30,7 +30,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log)
     tune_process(settings.process)
     try:
         asyncio.run(serve(settings))
