@@ -88,7 +88,8 @@ def test_the_sidecar_is_a_native_sidecar_probed_where_it_listens() -> None:
     sidecar = container(spec, CONTAINER_NAME, init=True)
     assert sidecar["restartPolicy"] == "Always"
     env = {item["name"]: item.get("value") for item in sidecar["env"]}
-    port = int(env["ORDERED_SIDECAR__HTTP__PORT"])
+    port = int(env["ORDERED_SIDECAR__HTTP__OPS_PORT"])
+    data_port = int(env["ORDERED_SIDECAR__HTTP__PORT"])
     assert [p["containerPort"] for p in sidecar["ports"]] == [port]
     probes = {kind: sidecar[kind]["httpGet"] for kind in ("startupProbe", "readinessProbe")}
     probes["livenessProbe"] = sidecar["livenessProbe"]["httpGet"]
@@ -98,14 +99,16 @@ def test_the_sidecar_is_a_native_sidecar_probed_where_it_listens() -> None:
         "livenessProbe": {"path": "/healthz", "port": port},
     }
     assert {"/readyz", "/healthz"} <= app_routes()
-    # Probes and scrapes arrive on the pod IP, not on loopback.
-    assert env["ORDERED_SIDECAR__HTTP__HOST"] == "0.0.0.0"
+    # Probes and scrapes arrive on the pod IP, at the operations listener; the data
+    # plane keeps its loopback default.
+    assert env["ORDERED_SIDECAR__HTTP__OPS_HOST"] == "0.0.0.0"
+    assert "ORDERED_SIDECAR__HTTP__HOST" not in env
     assert sidecar["resources"]["requests"]
     assert sidecar["resources"]["limits"]["memory"]
     # The app reaches its sidecar on localhost at that port.
     app = container(spec, "app", init=False)
     app_env = {item["name"]: item.get("value") for item in app["env"]}
-    assert app_env["ORDERED_SIDECAR_URL"] == f"http://127.0.0.1:{port}"
+    assert app_env["ORDERED_SIDECAR_URL"] == f"http://127.0.0.1:{data_port}"
 
 
 def test_the_configmap_loads_as_the_sidecars_settings(tmp_path: Path) -> None:
@@ -123,8 +126,9 @@ def test_the_configmap_loads_as_the_sidecars_settings(tmp_path: Path) -> None:
     assert [item["name"] for item in secret_env] == ["ORDERED_SIDECAR__HTTP__ADMIN_TOKEN"]
     environ["ORDERED_SIDECAR__HTTP__ADMIN_TOKEN"] = "from-the-secret"
     settings = load_settings(path, environ)
-    assert settings.http.host == "0.0.0.0"
-    assert settings.http.port == sidecar["ports"][0]["containerPort"]
+    assert settings.http.host == "127.0.0.1"
+    assert settings.http.ops_host == "0.0.0.0"
+    assert settings.http.ops_port == sidecar["ports"][0]["containerPort"]
     assert settings.http.admin_enabled
     assert settings.zookeeper.root.startswith("/ordered")
 
@@ -197,9 +201,10 @@ def test_the_metrics_service_and_network_policy_select_the_sidecar_pods() -> Non
         assert service["spec"]["selector"].items() <= labels.items()
         assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     (port,) = service["spec"]["ports"]
-    assert port["targetPort"] == webhook_inject_config().port
+    assert port["targetPort"] == webhook_inject_config().ops_port
     allowed = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
-    assert webhook_inject_config().port in allowed
+    assert webhook_inject_config().ops_port in allowed
+    assert webhook_inject_config().port not in allowed
 
 
 def test_no_pod_gets_an_api_token_and_there_is_no_rbac() -> None:
