@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -25,7 +26,8 @@ from sidecar.adapters.callbacks import CallbackClient
 from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions, ordered_assignor
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
-from sidecar.config import Settings
+from sidecar.config import ConfigError, Settings
+from sidecar.core.backoff import Backoff
 from sidecar.core.errors import SidecarError
 from sidecar.core.generations import PartitionMode
 from sidecar.core.procedures import Phase
@@ -35,6 +37,7 @@ from sidecar.http.callback_codec import encode_callback
 from sidecar.http.connections import LINGERING_TIME_S, ConnectionGuard, GuardedSite
 from sidecar.http.connections import install as install_connection_guard
 from sidecar.http.consumer_routes import add_routes as add_consumer_routes
+from sidecar.http.ops import build_ops_app
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
@@ -98,15 +101,29 @@ class SidecarServer:
         install_connection_guard(self.app, self.connections)
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._ops_runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.ops_port: int | None = None
         self._stopped = False
 
     @property
     def url(self) -> str:
+        """The data plane's address (loopback unless ``http.host`` says otherwise)."""
         return f"http://{self.settings.http.host}:{self.port}"
 
+    @property
+    def ops_url(self) -> str:
+        """The operations listener's address (``/healthz``, ``/readyz``, ``/metrics``)."""
+        return f"http://{self.settings.http.ops_host}:{self.ops_port}"
+
     async def start(self) -> None:
-        await self.sidecar.start()
+        """Listen on both ports at once, then connect to Kafka and ZooKeeper in the
+        background, retrying with backoff and jitter until it succeeds or ``stop``.
+
+        Until then ``/readyz`` answers 503 with what is still waited for and data routes
+        answer 503 (NotReady). Raises ConfigError when a port cannot be bound.
+        """
         http = self.settings.http
         self._runner = web.AppRunner(
             self.app,
@@ -118,23 +135,74 @@ class SidecarServer:
         )
         await self._runner.setup()
         site = GuardedSite(self._runner, http.host, http.port, self.connections)
-        await site.start()
+        await _listen(site, "http.port", http.host, http.port)
         self.port = site.port  # the bound one, when the configured port is 0
+        self._ops_runner = web.AppRunner(
+            build_ops_app(self.sidecar, self.metrics), handle_signals=False, access_log=None
+        )
+        await self._ops_runner.setup()
+        ops_site = web.TCPSite(self._ops_runner, http.ops_host, http.ops_port)
+        await _listen(ops_site, "http.ops_port", http.ops_host, http.ops_port)
+        self.ops_port = _bound_port(ops_site, http.ops_port)
+        _log.info(
+            "sidecar %s listening on %s (operations on %s); connecting to Kafka and ZooKeeper",
+            self.settings.sidecar_id,
+            self.url,
+            self.ops_url,
+        )
+        self._starting = asyncio.create_task(self._start_dependencies())
+
+    async def wait_ready(self) -> None:
+        """Return once every dependency has started (``/readyz`` may still say 503 later,
+        while one is away)."""
+        if self._starting is None:
+            raise RuntimeError("wait_ready() before start()")
+        await asyncio.shield(self._starting)
+
+    async def _start_dependencies(self) -> None:
+        startup = self.settings.startup
+        backoff = Backoff(startup.retry_initial_s, startup.retry_max_s)
+        attempt = 0
+        while True:
+            try:
+                await self.sidecar.start()
+                break
+            except Exception as exc:
+                if isinstance(exc, SidecarError) and exc.fatal_at_start:
+                    raise
+                attempt += 1
+                delay = backoff.delay(attempt, random.random())
+                waiting = ", ".join(self.sidecar.waiting_for())
+                if isinstance(exc, SidecarError):
+                    _log.warning(
+                        "not ready (waiting for %s): %s; trying again in %.1f s",
+                        waiting,
+                        exc.message,
+                        delay,
+                    )
+                else:  # a bug, not an outage: keep its traceback, and keep trying
+                    _log.exception("starting failed (waiting for %s)", waiting)
+                await asyncio.sleep(delay)
         self._janitor = asyncio.create_task(self._housekeeping())
-        _log.info("sidecar %s listening on %s", self.settings.sidecar_id, self.url)
+        _log.info("sidecar %s ready on %s", self.settings.sidecar_id, self.url)
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        if self._janitor is not None:
-            self._janitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._janitor
+        for task in (self._starting, self._janitor):
+            if task is not None:
+                task.cancel()
+                # A start that gave up raised already to whoever waited for readiness.
+                with contextlib.suppress(asyncio.CancelledError, SidecarError):
+                    await task
         if self._runner is not None:
             await self._runner.cleanup()  # stops accepting, waits for handlers
         await self.consumers.close()
         await self.sidecar.stop()
+        if self._ops_runner is not None:
+            # Last: /readyz answers 503 (stopping) while the rest shuts down.
+            await self._ops_runner.cleanup()
 
     async def _housekeeping(self) -> None:
         """Release change locks left by interrupted attempts, finish changes nobody
@@ -152,6 +220,20 @@ class SidecarServer:
                 except SidecarError as exc:
                     # Another sidecar holds the lock or ZooKeeper is away: next round.
                     _log.debug("housekeeping of %s deferred: %s", topic, exc.message)
+
+
+async def _listen(site: web.BaseSite, setting: str, host: str, port: int) -> None:
+    """Start ``site``; a port that cannot be bound is a configuration error."""
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ConfigError(f"{setting}: cannot listen on {host}:{port}: {exc.strerror}") from exc
+
+
+def _bound_port(site: web.TCPSite, configured: int) -> int:
+    server = site._server  # aiohttp keeps the asyncio server here; no public accessor
+    sockets = getattr(server, "sockets", None) or []
+    return int(sockets[0].getsockname()[1]) if sockets else configured
 
 
 def build_consumers(

@@ -26,6 +26,7 @@ Example file::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import tomllib
@@ -259,6 +260,15 @@ class HttpSettings:
     access_log: str = "errors"
     """``errors``: one line per request answered 400 or above; ``all``: every request;
     ``off``: none (logger ``sidecar.access``, INFO)."""
+    ops_host: str = "127.0.0.1"
+    """The operations listener's address (``/healthz``, ``/readyz``, ``/metrics`` and
+    nothing else). In Kubernetes ``0.0.0.0``, so kubelet and Prometheus reach it at the
+    pod IP; the data plane stays on ``host``."""
+    ops_port: int = 8081
+    data_token: str = field(default="", repr=False)
+    """When set, every data-plane request (produce, consume, v3, admin) needs
+    ``X-Sidecar-Token: <token>``. Required when ``host`` is not a loopback address:
+    the data plane is the app's alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +371,29 @@ class ProcessSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class StartupSettings:
+    """How a sidecar waits for Kafka, ZooKeeper and its producers at start."""
+
+    retry_initial_s: float = 0.2
+    """The pause after the first failed try; it doubles at each failure after that."""
+    retry_max_s: float = 2.0
+    """The longest pause between tries (half of it random, so sidecars restarted
+    together spread out). A sidecar is ready at most this long after its cluster is."""
+
+
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    format: str = "text"
+    """``text``: one readable line per event; ``json``: one JSON object per line (time,
+    level, logger, message, and the exception when there is one), for log collectors."""
+    level: str = "INFO"
+
+
+@dataclass(frozen=True, slots=True)
 class FaultSettings:
     """Fault injection for the crash tests; empty in production."""
 
@@ -385,6 +418,8 @@ class Settings:
     audit: AuditSettings = field(default_factory=AuditSettings)
     process: ProcessSettings = field(default_factory=ProcessSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
+    startup: StartupSettings = field(default_factory=StartupSettings)
+    log: LogSettings = field(default_factory=LogSettings)
 
     def validate(self) -> Settings:
         """Refuse combinations that break the timing the design rests on; returns self.
@@ -463,6 +498,8 @@ _SECTIONS: dict[str, type[Any]] = {
     "audit": AuditSettings,
     "process": ProcessSettings,
     "faults": FaultSettings,
+    "startup": StartupSettings,
+    "log": LogSettings,
 }
 
 
@@ -571,6 +608,45 @@ def _validate_http_limits(values: HttpSettings) -> None:
     for name in ("header_read_timeout_s", "body_read_timeout_s", "keepalive_timeout_s"):
         if not getattr(values, name) > 0:
             raise ConfigError(f"http.{name} must be positive, got {getattr(values, name)}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _validate_listeners(values: HttpSettings) -> None:
+    if not 0 <= values.ops_port <= 65535:
+        raise ConfigError(f"http.ops_port must be between 0 and 65535, got {values.ops_port}")
+    if values.ops_port != 0 and values.ops_port == values.port:
+        raise ConfigError(
+            f"http.ops_port ({values.ops_port}) must differ from http.port: the operations "
+            "listener is a port of its own"
+        )
+    if not _is_loopback(values.host) and not values.data_token:
+        raise ConfigError(
+            f"http.host is {values.host!r}, not a loopback address: set http.data_token too "
+            "(the data plane is the app's alone; probes and scrapes use http.ops_host)"
+        )
+
+
+def _validate_startup(values: StartupSettings) -> None:
+    if not 0 < values.retry_initial_s <= values.retry_max_s:
+        raise ConfigError(
+            f"startup.retry_initial_s ({values.retry_initial_s:g}) must be positive and at "
+            f"most startup.retry_max_s ({values.retry_max_s:g})"
+        )
+
+
+def _validate_log(values: LogSettings) -> None:
+    if values.format not in LOG_FORMATS:
+        raise ConfigError(f"log.format must be one of text, json; got {values.format!r}")
+    if values.level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"log.level must be one of {', '.join(LOG_LEVELS)}; got {values.level!r}")
 
 
 _POSITIVE = {
@@ -797,6 +873,11 @@ def _validate(section: str, values: Any) -> None:
         )
     if section == "http":
         _validate_http_limits(values)
+        _validate_listeners(values)
+    if section == "startup":
+        _validate_startup(values)
+    if section == "log":
+        _validate_log(values)
     if section == "zookeeper" and not values.root.startswith("/"):
         raise ConfigError(f"zookeeper.root must be an absolute path, got {values.root!r}")
     if section == "audit" and not 0.0 <= values.sample_rate <= 1.0:

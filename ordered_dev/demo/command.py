@@ -194,7 +194,7 @@ def _settings(index: int, state: DemoState, root: str, token: str, audit_topic: 
         sidecar_id=f"demo-{index}-{uuid.uuid4().hex[:6]}",
         kafka=KafkaSettings(bootstrap_servers=state.kafka),
         zookeeper=ZooKeeperSettings(hosts=state.zookeeper, root=root),
-        http=HttpSettings(port=0, admin_enabled=True, admin_token=token),
+        http=HttpSettings(port=0, ops_port=0, admin_enabled=True, admin_token=token),
         audit=AuditSettings(enabled=True, topic=audit_topic),
     ).validate()
 

@@ -41,7 +41,6 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +57,8 @@ from ordered_dev.devcluster.install import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDECAR_DOCKERFILE = ROOT / "Dockerfile"
+LOCK_FILES = ("build.txt", "runtime.txt")
+"""What the Dockerfile installs, from ``requirements/`` (``./run lock`` writes them)."""
 SERVERS_DIR = ROOT / "images" / "test-servers"
 SIDECAR_REPOSITORY = "ordered-sidecar"
 SERVERS_IMAGE = f"ordered-sidecar-test-servers:kafka-{KAFKA_VERSION}-zookeeper-{ZOOKEEPER_VERSION}"
@@ -146,6 +147,8 @@ def build_sidecar_image(mode: str = "auto", log: Log | None = None) -> BuiltImag
     began = time.monotonic()
     tag = sidecar_image_tag()
     command = ["build", "--network", "host", "--tag", tag, "--file", str(SIDECAR_DOCKERFILE)]
+    command += ["--build-arg", f"VERSION={importlib.metadata.version('ordered-sidecar')}"]
+    command += ["--build-arg", f"REVISION={_revision()}"]
     if resolve_mode(mode) == "local":
         base = ensure_base_image(PYTHON_BASE, say)
         wheelhouse = _download_wheelhouse(say)
@@ -163,6 +166,14 @@ def build_sidecar_image(mode: str = "auto", log: Log | None = None) -> BuiltImag
     else:
         _docker([*command, str(ROOT)], say)
     return BuiltImage(tag, image_size(tag), time.monotonic() - began)
+
+
+def _revision() -> str:
+    """The commit the image is built from, for its OCI revision label."""
+    result = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
 def build_servers_image(mode: str = "auto", log: Log | None = None) -> BuiltImage:
@@ -286,10 +297,12 @@ def _strip(rootfs: Path) -> None:
 
 
 def _download_wheelhouse(log: Log) -> Path:
-    """Wheels of the package's dependencies and build requirements for the image's
-    Python and platform, downloaded with the host's pip (and its TLS settings)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    requirements = [*project["project"]["dependencies"], *project["build-system"]["requires"]]
+    """Wheels of the locked dependencies and build requirements (the files the
+    Dockerfile installs, hashes checked) for the image's Python and platform,
+    downloaded with the host's pip (and its TLS settings)."""
+    requirements = ["--require-hashes"]
+    for lock in LOCK_FILES:
+        requirements += ["-r", str(ROOT / "requirements" / lock)]
     wheelhouse = ROOT / "var" / "image" / "wheelhouse"
     shutil.rmtree(wheelhouse, ignore_errors=True)
     wheelhouse.mkdir(parents=True)

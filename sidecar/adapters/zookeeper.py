@@ -73,6 +73,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KeeperState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.retry import KazooRetry
 
 from sidecar.adapters.zookeeper_security import diagnose_tls, identity_of, kazoo_arguments
 from sidecar.config import ZooKeeperSecuritySettings
@@ -104,6 +105,9 @@ from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+_CONNECT_POLL_S = 0.05
+"""How often ``start`` looks whether kazoo's thread has a session yet."""
 
 log = logging.getLogger(__name__)
 
@@ -147,15 +151,22 @@ class MetadataStore:
         security: ZooKeeperSecuritySettings | None = None,
     ) -> None:
         self._root = root.rstrip("/")
+        self._hosts = hosts
         self._lock_poll_s = lock_poll_s
         self._transaction_attempts = transaction_attempts
-        self._hosts = hosts
         self._security = security or ZooKeeperSecuritySettings()
         self._identity = identity_of(self._security)
         self._auth_failed = False
         self._client = KazooClient(
-            hosts=hosts, timeout=session_timeout_s, **kazoo_arguments(self._security)
+            hosts=hosts,
+            timeout=session_timeout_s,
+            # kazoo retries connecting for ever in its own thread; its default pause grows
+            # to an hour, this one to 1 s, so a sidecar reconnects soon after ZooKeeper is
+            # back (at start as after an outage).
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+            **kazoo_arguments(self._security),
         )
+        self._connecting = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = SessionState.LOST
         self._state_events_seen = False
@@ -171,32 +182,37 @@ class MetadataStore:
 
     # Session --------------------------------------------------------------------------
 
-    # The timeout is kazoo's own connect wait, which also stops kazoo retrying in its
-    # threads; cancelling the await with asyncio.timeout would not.
     async def start(self, timeout: float = 15.0) -> None:  # noqa: ASYNC109
-        """Connect. Raises MetadataUnavailable if ZooKeeper does not answer in time,
+        """Connect. Raises MetadataUnavailable if ZooKeeper does not answer in time (kazoo
+        keeps trying in its thread meanwhile, so calling again waits on), and
         MetadataNotAuthorized if it refuses the TLS handshake or the credentials (the
         message names the setting), or if the znodes' ACLs do not let this identity in."""
         self._loop = asyncio.get_running_loop()
-        self._client.add_listener(self._on_kazoo_state)
-        connected = await asyncio.to_thread(self._connect, timeout)
-        if not connected:
+        if not self._connecting:
+            self._connecting = True
+            self._client.add_listener(self._on_kazoo_state)
+            # Not kazoo's start(): after its timeout it stops and closes the client.
+            self._client.start_async()
+        deadline = self._loop.time() + timeout
+        while not self._client.connected:
             if self._auth_failed:
                 raise MetadataNotAuthorized(
                     "zookeeper.security.digest_username / digest_password: ZooKeeper refused "
                     f"the {self._security.sasl_mechanism or 'digest'} credentials of "
                     f"{self._security.digest_username!r}"
                 )
-            refused = (
-                await asyncio.to_thread(diagnose_tls, self._hosts, self._security)
-                if self._security.tls
-                else None
-            )
-            if refused is not None:
-                raise MetadataNotAuthorized(refused)
-            raise MetadataUnavailable(
-                f"cannot connect to ZooKeeper at {self._hosts}: no session within {timeout:g} s"
-            )
+            if self._loop.time() >= deadline:
+                refused = (
+                    await asyncio.to_thread(diagnose_tls, self._hosts, self._security)
+                    if self._security.tls
+                    else None
+                )
+                if refused is not None:
+                    raise MetadataNotAuthorized(refused)
+                raise MetadataUnavailable(
+                    f"cannot connect to ZooKeeper at {self._hosts}: no session within {timeout:g} s"
+                )
+            await asyncio.sleep(_CONNECT_POLL_S)
         # The CONNECTED callback races with start() returning; a later event wins.
         if not self._state_events_seen:
             self._state = SessionState.CONNECTED
@@ -218,20 +234,6 @@ class MetadataStore:
     def add_session_listener(self, callback: Callable[[SessionState], None]) -> None:
         """Call ``callback`` on the event loop at every session state change."""
         self._listeners.append(callback)
-
-    def _connect(self, timeout: float) -> bool:
-        """Start kazoo's session; False after ``timeout`` or once the server refused the
-        credentials (kazoo's own start would wait the whole timeout for that)."""
-        deadline = time.monotonic() + timeout
-        event = self._client.start_async()
-        while not event.wait(0.05):
-            if self._auth_failed or time.monotonic() >= deadline:
-                break
-        if self._client.connected:
-            return True
-        self._client.stop()
-        self._client.close()
-        return False
 
     def _on_kazoo_state(self, state: KazooState) -> None:
         # On kazoo's connection thread, which must never block.

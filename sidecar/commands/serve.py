@@ -9,37 +9,38 @@ import signal
 import sys
 from pathlib import Path
 
+from sidecar.commands.logs import configure_logging
 from sidecar.compose import SidecarServer
 from sidecar.config import ConfigError, ProcessSettings, Settings, load_settings
-from sidecar.core.errors import (
-    KafkaAuthenticationFailed,
-    KafkaNotAuthorized,
-    MetadataNotAuthorized,
-)
-
-REFUSED_AT_START = (KafkaAuthenticationFailed, KafkaNotAuthorized, MetadataNotAuthorized)
-"""Errors that end ``serve`` with one line: the cluster refused this sidecar's identity."""
+from sidecar.core.errors import SidecarError
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    serve = subparsers.add_parser("serve", help="run the sidecar (HTTP on 127.0.0.1)")
+    serve = subparsers.add_parser(
+        "serve", help="run the sidecar (data on 127.0.0.1, probes on http.ops_port)"
+    )
     serve.add_argument("--config", type=Path, help="TOML settings file (environment overrides)")
     serve.set_defaults(handler=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    """Exit 2 with one line naming the setting for a configuration error; 0 after a
+    graceful stop. Kafka or ZooKeeper away is no reason to exit: the sidecar waits."""
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
+    configure_logging(settings.log)
     tune_process(settings.process)
     try:
         asyncio.run(serve(settings))
-    except (ConfigError, *REFUSED_AT_START) as exc:
+    except ConfigError as exc:  # a port that cannot be bound
+        print(f"sidecar: {exc}", file=sys.stderr)
+        return 2
+    except SidecarError as exc:
+        if not exc.fatal_at_start:
+            raise
         # A credential, certificate or file the sidecar cannot use: one line that names
         # the setting, no traceback; a restart will not help until it is fixed.
         print(f"sidecar: cannot start: {exc}", file=sys.stderr)
@@ -55,17 +56,29 @@ def tune_process(process: ProcessSettings) -> None:
 
 
 async def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    server = SidecarServer(settings)
-    try:
-        await server.start()
-    except BaseException:
-        await server.stop()
-        raise
+    """Run until SIGTERM or SIGINT, then shut down gracefully; print one line on stdout
+    once ready (its last word is the data plane's URL). Raises the error that made the
+    dependencies' start give up (the cluster refused this sidecar's identity)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"sidecar {settings.sidecar_id} ready on {server.url}", flush=True)
-    await stop.wait()
-    await server.stop()
+    server = SidecarServer(settings)
+    await server.start()
+
+    async def announce_ready() -> None:
+        await server.wait_ready()
+        print(f"sidecar {settings.sidecar_id} ready on {server.url}", flush=True)
+
+    announcing = asyncio.create_task(announce_ready())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({announcing, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if announcing.done() and announcing.exception() is None:
+            await stopping  # ready: run until a signal
+    finally:
+        stopping.cancel()
+        announcing.cancel()
+        await server.stop()
+    if announcing.done() and not announcing.cancelled() and announcing.exception() is not None:
+        raise announcing.exception()  # type: ignore[misc]

@@ -21,6 +21,10 @@ class SidecarError(Exception):
     default_message: ClassVar[str] = "internal error"
     headers: ClassVar[tuple[tuple[str, str], ...]] = ()
     """Response headers the status needs (a challenge, a Retry-After), set by the HTTP layer."""
+    fatal_at_start: ClassVar[bool] = False
+    """Raised while the sidecar connects at start, it ends the process (one line, exit 2)
+    instead of being retried: the cluster refused this sidecar's identity, and trying
+    again cannot help until an operator fixes its settings."""
 
     def __init__(self, message: str | None = None) -> None:
         self.message = message or self.default_message
@@ -115,6 +119,15 @@ class NotAuthenticated(SidecarError):
     error_code = 40101
     default_message = "not authenticated"
     headers = (("WWW-Authenticate", 'Bearer realm="ordered-sidecar admin"'),)
+
+
+class DataTokenMissing(SidecarError):
+    """A data-plane request without ``http.data_token`` (in ``X-Sidecar-Token``), on a
+    sidecar whose data plane listens beyond loopback."""
+
+    http_status = 401
+    error_code = 40102
+    default_message = "missing or wrong data-plane token"
 
 
 class AdminDisabled(SidecarError):
@@ -280,6 +293,17 @@ class CallbackFailed(SidecarError):
     default_message = "the app's hand-off callback failed"
 
 
+class NotReady(SidecarError):
+    """The sidecar is still starting: Kafka, ZooKeeper or its transactional producers
+    are not there yet (``/readyz`` says which). It keeps trying on its own."""
+
+    http_status = 503
+    error_code = 50360
+    retriable = True
+    default_message = "the sidecar is starting: its dependencies are not ready yet"
+    headers = (("Retry-After", "1"),)
+
+
 class TooManyConnections(SidecarError):
     """The sidecar has ``http.max_connections`` open; this one is refused unread."""
 
@@ -315,6 +339,7 @@ class KafkaAuthenticationFailed(SidecarError):
     written; an operator must fix ``kafka.security``. The message names the setting
     and never holds a secret."""
 
+    fatal_at_start = True
     http_status = 503
     error_code = 50370
     default_message = "Kafka refused this sidecar's credentials"
@@ -324,6 +349,7 @@ class KafkaNotAuthorized(SidecarError):
     """Kafka's ACLs do not let this sidecar's principal do what the request needs (write
     or read the topic, create it, join the group). Nothing was written."""
 
+    fatal_at_start = True
     http_status = 503
     error_code = 50371
     default_message = "this sidecar's Kafka principal is not authorized for the request"
@@ -333,6 +359,7 @@ class MetadataNotAuthorized(SidecarError):
     """ZooKeeper refused this sidecar's identity (authentication failed, or the znodes'
     ACLs do not let it write): topic metadata cannot be changed. Nothing was written."""
 
+    fatal_at_start = True
     http_status = 503
     error_code = 50321
     default_message = "ZooKeeper refused this sidecar's identity"

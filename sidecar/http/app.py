@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from aiohttp.typedefs import Handler
 
 from sidecar.config import Settings
 from sidecar.core import names
@@ -36,7 +36,9 @@ from sidecar.core.errors import (
     AdminDisabled,
     BadRequest,
     ChangeRolledBack,
+    DataTokenMissing,
     NotAuthenticated,
+    NotReady,
     SidecarError,
 )
 from sidecar.core.procedures import OperationKind, Phase
@@ -45,6 +47,7 @@ from sidecar.http.connections import connection_middleware
 from sidecar.http.edge import partition_in_path, path_names_middleware
 from sidecar.http.error_map import errors_middleware
 from sidecar.http.json_body import field, is_utf8, json_object
+from sidecar.http.ops import OPS_PATHS, add_ops_routes
 from sidecar.http.produce_codec import (
     V2_RESPONSE_CONTENT_TYPE,
     decode_produce_request,
@@ -82,8 +85,14 @@ def build_app(
 ) -> web.Application:
     app = web.Application(
         # Errors first, so that whatever the others refuse is answered like any error;
-        # names before the body is read (connection_middleware reads it).
-        middlewares=[errors_middleware, path_names_middleware, connection_middleware],
+        # names, then the token and readiness, before the body is read
+        # (connection_middleware reads it).
+        middlewares=[
+            errors_middleware,
+            path_names_middleware,
+            data_plane_middleware,
+            connection_middleware,
+        ],
         # The codec enforces the configured limit with a clear message; aiohttp's own
         # limit only has to be above it.
         client_max_size=settings.http.max_body_bytes + 1024,
@@ -95,9 +104,7 @@ def build_app(
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics
     app[IDEMPOTENCY_KEY] = IdempotencyCache()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_endpoint)
+    add_ops_routes(app, sidecar, metrics)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_post("/topics/{topic}", produce)
     app.router.add_post("/topics/{topic}/partitions/{partition}", produce)
@@ -110,27 +117,31 @@ def build_app(
     return app
 
 
-# Operations ---------------------------------------------------------------------------------
+# The data plane's gate --------------------------------------------------------------------
+
+DATA_TOKEN_HEADER: Final = "X-Sidecar-Token"
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+@web.middleware
+async def data_plane_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Before any data route: the token, when ``http.data_token`` is set, then readiness.
 
-
-async def readyz(request: web.Request) -> web.Response:
-    sidecar = request.app[SIDECAR_KEY]
-    ready = sidecar.ready
-    return web.json_response(
-        {"ready": ready, "zookeeper": sidecar.zookeeper_state.value},
-        status=200 if ready else 503,
-    )
-
-
-async def metrics_endpoint(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS_KEY].registry)
-    response = web.Response(body=body)
-    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-    return response
+    Raises NotAuthenticated (wrong or missing token), NotReady (the sidecar has not
+    finished starting: 503, retriable). The operations paths pass: they are how the app
+    learns that the sidecar is ready.
+    """
+    if request.path in OPS_PATHS:
+        return await handler(request)
+    expected = request.app[SETTINGS_KEY].http.data_token
+    if expected:
+        supplied = request.headers.get(DATA_TOKEN_HEADER, "").encode("utf-8", "surrogateescape")
+        # Constant time: how much of a guess matched must not show in the answer's timing.
+        if not hmac.compare_digest(supplied, expected.encode()):
+            raise DataTokenMissing(f"missing or wrong {DATA_TOKEN_HEADER} header")
+    if request.path != "/openapi.json" and not request.app[SIDECAR_KEY].started:
+        waiting = ", ".join(request.app[SIDECAR_KEY].waiting_for()) or "startup"
+        raise NotReady(f"the sidecar is starting; waiting for: {waiting}")
+    return await handler(request)
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -151,6 +151,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-token-secret", help="Secret with the admin token")
     parser.add_argument("--admin-token-key", default=defaults.admin_token_key)
     parser.add_argument("--sidecar-port", type=int, default=defaults.port)
+    parser.add_argument(
+        "--sidecar-ops-port",
+        type=int,
+        default=defaults.ops_port,
+        help="the sidecar's operations port (probes, metrics)",
+    )
+    parser.add_argument(
+        "--default-credential",
+        action="append",
+        default=[],
+        metavar="ANNOTATION=VALUE",
+        help="a credential annotation for pods that do not carry it (repeatable), e.g. "
+        "ordered-sidecar.io/kafka-sasl-secret=kafka-scram",
+    )
     parser.add_argument("--cpu-request", default=defaults.cpu_request)
     parser.add_argument("--memory-request", default=defaults.memory_request)
     parser.add_argument("--memory-limit", default=defaults.memory_limit)
@@ -165,11 +179,20 @@ def config_from_args(args: argparse.Namespace) -> InjectConfig:
         admin_token_secret=args.admin_token_secret,
         admin_token_key=args.admin_token_key,
         port=args.sidecar_port,
+        ops_port=args.sidecar_ops_port,
         cpu_request=args.cpu_request,
         memory_request=args.memory_request,
         memory_limit=args.memory_limit,
         image_pull_policy=args.image_pull_policy,
+        default_credentials=tuple(_pair(item) for item in args.default_credential),
     )
+
+
+def _pair(item: str) -> tuple[str, str]:
+    annotation, separator, value = item.partition("=")
+    if not separator:
+        raise ValueError(f"--default-credential {item!r}: expected ANNOTATION=VALUE")
+    return annotation.strip(), value.strip()
 
 
 def run_webhook(args: argparse.Namespace) -> int:

@@ -93,6 +93,9 @@ class TopicRegistry:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._ready = False
+        self._started_steps: set[str] = set()
+        self._waiting_for: str | None = "kafka"
+        """The step of ``start`` in progress (None once started)."""
         self.audit = AuditEmitter(settings.audit, settings.sidecar_id, kafka, metrics)
         self.writer: TransactionalWriter | None = None
         """Writes managed topics; None while it is being replaced."""
@@ -109,33 +112,77 @@ class TopicRegistry:
     # Lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.kafka.start()
-        await self.audit.start()
-        await self.store.start()
-        self.store.add_session_listener(self._on_session)
-        # The listener hears of changes only; the gauge must start from the present.
-        self.metrics.zookeeper_connected.set(
-            1 if self.store.session_state is SessionState.CONNECTED else 0
-        )
-        transactional_ids = self.transactional_ids
-        await self.store.register_sidecar(
-            self.sidecar_id, self._registration_info(), transactional_ids
-        )
-        self._registered = transactional_ids
-        try:
-            self.writer = await self._start_writer(transactional_ids)
-        except (KafkaUnavailable, ProducerFenced) as exc:
-            # Kafka's transaction coordinator can take a while (a broker just restarted, a
-            # loaded cluster): the sidecar starts, not ready and holding managed produces,
-            # and initialises the producer in the background.
-            _log.warning("transactional producer not initialised yet: %s", exc.message)
-            if isinstance(exc, ProducerFenced):
-                self._incarnation += 1
-            self.spawn(self._recover())
+        """One try at every step of starting not done yet, in order: Kafka, the audit
+        emitter, the ZooKeeper session, the registration, the topic list.
+
+        Raises the SidecarError of the first step that fails (KafkaUnavailable,
+        MetadataUnavailable, ...); calling again resumes from that step. The
+        transactional producers start in the background when Kafka's coordinator is slow.
+        """
+        if "kafka" not in self._started_steps:
+            self._waiting_for = "kafka"
+            await self.kafka.start()
+            self._started_steps.add("kafka")
+        if "audit" not in self._started_steps:
+            await self.audit.start()
+            self._started_steps.add("audit")
+        if "zookeeper" not in self._started_steps:
+            self._waiting_for = "zookeeper"
+            await self.store.start(timeout=self.settings.zookeeper.session_timeout_s)
+            self.store.add_session_listener(self._on_session)
+            self._started_steps.add("zookeeper")
+            # The listener hears of changes only; the gauge must start from the present.
+            self.metrics.zookeeper_connected.set(
+                1 if self.store.session_state is SessionState.CONNECTED else 0
+            )
+        if "producers" not in self._started_steps:
+            self._waiting_for = "producers"
+            transactional_ids = self.transactional_ids
+            await self.store.register_sidecar(
+                self.sidecar_id, self._registration_info(), transactional_ids
+            )
+            self._registered = transactional_ids
+            self._started_steps.add("producers")
+            try:
+                self.writer = await self._start_writer(transactional_ids)
+            except (KafkaUnavailable, ProducerFenced) as exc:
+                # Kafka's transaction coordinator can take a while (a broker just
+                # restarted, a loaded cluster): the sidecar starts, not ready and holding
+                # managed produces, and initialises the producer in the background.
+                _log.warning("transactional producer not initialised yet: %s", exc.message)
+                if isinstance(exc, ProducerFenced):
+                    self._incarnation += 1
+                self.spawn(self._recover())
+        self._waiting_for = "topics"
         await self.refresh_topic_list()
         self.store.watch_topic_list(self._topic_list_changed)
         self.spawn(self._topic_list_loop())
+        self._waiting_for = None
         self._ready = True
+
+    @property
+    def started(self) -> bool:
+        """Every step of ``start`` is done: produces and consumes are taken (and held
+        or refused one by one while a dependency is away)."""
+        return self._ready
+
+    def waiting_for(self) -> list[str]:
+        """What readiness still waits for: ``kafka``, ``zookeeper``, ``producers``
+        (the transactional producers), ``topics`` (the managed topics' list); empty
+        when ready."""
+        if self._stopping:
+            return ["shutdown"]
+        waiting: list[str] = []
+        if self._waiting_for == "kafka":
+            waiting.append("kafka")
+        if self.store.session_state is not SessionState.CONNECTED:
+            waiting.append("zookeeper")
+        writer = self.writer
+        if writer is None or writer.fenced:
+            waiting.append("producers")
+        if self._waiting_for == "topics" and not waiting:
+            waiting.append("topics")
+        return waiting
 
     async def stop(self) -> None:
         """Stop taking produces, let the ones in flight finish, then close the adapters."""

@@ -48,7 +48,7 @@ from tests.support.ledger import (
     producer_keys,
     wait_until_delivered,
 )
-from tests.support.sidecars import RunningSidecar, read_all, settings_for, unique
+from tests.support.sidecars import READY_WITHIN_S, RunningSidecar, read_all, settings_for, unique
 
 pytestmark = pytest.mark.integration
 
@@ -84,6 +84,7 @@ async def audited_sidecars(
             settings = replace(settings, audit=AuditSettings(enabled=True, topic=audit_topic))
             server = SidecarServer(settings)
             await server.start()
+            await asyncio.wait_for(server.wait_ready(), READY_WITHIN_S)
             session = aiohttp.ClientSession(server.url)
             started.append(RunningSidecar(server.url, settings.sidecar_id, session, server))
         yield started

@@ -25,6 +25,7 @@ async def test_a_produce_consume_and_change_leave_a_complete_trail(
     settings = replace(settings, audit=AuditSettings(enabled=True, topic=audit_topic))
     server = SidecarServer(settings)
     await server.start()
+    await server.wait_ready()
     http = aiohttp.ClientSession(server.url)
     sidecar = RunningSidecar(server.url, settings.sidecar_id, http, server)
     try:

@@ -70,6 +70,7 @@ async def test_a_broker_killed_during_an_expansion(
     # the test can tell which broker its admin client talks to.
     coordinator = SidecarServer(settings_for(cluster, root, "coordinator", **BROKER_KILL_TIMING))
     await coordinator.start()
+    await coordinator.wait_ready()
     admin = SidecarClient(
         coordinator.url, coordinator.settings.sidecar_id, aiohttp.ClientSession(coordinator.url)
     )

@@ -22,6 +22,7 @@ async def test_the_settings_close_slow_and_idle_connections_and_bound_their_numb
     )
     server = SidecarServer(dataclasses.replace(base, http=http))
     await server.start()
+    await server.wait_ready()
     assert server.port is not None
     try:
         half_sent = await asyncio.open_connection("127.0.0.1", server.port)

@@ -25,7 +25,7 @@ from sidecar.metrics import SidecarMetrics
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "prometheus"
 GRAFANA_DIR = ROOT / "grafana"
-K8S_DIR = ROOT / "k8s"
+
 DASHBOARD = GRAFANA_DIR / "dashboards" / "ordered-sidecar.json"
 
 # Metrics the alerts and the dashboard name that the sidecar does not export: the

@@ -115,9 +115,10 @@ def test_entrypoint_is_the_console_script_and_cmd_a_subcommand() -> None:
     assert args.handler.__name__ == "run_serve"
 
 
-def test_exposed_port_is_the_default_http_port() -> None:
+def test_exposed_port_is_the_default_operations_port() -> None:
+    # The data plane listens on loopback: publishing its port would reach nothing.
     stage = final_stage(parse_dockerfile(DOCKERFILE.read_text()))
-    assert only(stage, "EXPOSE").arguments.split() == [str(HttpSettings().port)]
+    assert only(stage, "EXPOSE").arguments.split() == [str(HttpSettings().ops_port)]
 
 
 def test_runtime_user_is_a_fixed_non_root_uid() -> None:
@@ -129,14 +130,14 @@ def test_runtime_user_is_a_fixed_non_root_uid() -> None:
     assert uid == str(SIDECAR_UID)
 
 
-def test_healthcheck_asks_readyz_on_the_default_port() -> None:
+def test_healthcheck_asks_readyz_on_the_default_operations_port() -> None:
     command = healthcheck_command()
     assert command[:2] == ["python", "-c"]
     script = command[2]
     urls = re.findall(r"http://127\.0\.0\.1:\{port\}(/[\w/]*)", script)
     assert urls == ["/readyz"]
     assert urls[0] in app_routes()
-    assert f"'ORDERED_SIDECAR__HTTP__PORT', '{HttpSettings().port}'" in script
+    assert f"'ORDERED_SIDECAR__HTTP__OPS_PORT', '{HttpSettings().ops_port}'" in script
 
 
 def test_base_image_is_pinned_and_the_same_for_both_stages() -> None:
@@ -212,7 +213,7 @@ async def run_healthcheck(script: str, port: int) -> int:
         sys.executable,
         "-c",
         script,
-        env={"ORDERED_SIDECAR__HTTP__PORT": str(port)},
+        env={"ORDERED_SIDECAR__HTTP__OPS_PORT": str(port)},
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
@@ -225,8 +226,23 @@ async def test_healthcheck_command_passes_against_a_ready_sidecar(
 ) -> None:
     script = healthcheck_command()[2]
     async with running_sidecars(cluster, 1) as (sidecar,):
-        port = sidecar.server.port
+        port = sidecar.server.ops_port
         assert port is not None
         assert await run_healthcheck(script, port) == 0
     # Nothing listens there any more: the check must fail, not hang or pass.
     assert await run_healthcheck(script, port) != 0
+
+
+def test_the_image_carries_oci_labels() -> None:
+    stage = final_stage(parse_dockerfile(DOCKERFILE.read_text()))
+    labels = " ".join(item.arguments for item in stage if item.keyword == "LABEL")
+    found = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', labels))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert found["org.opencontainers.image.title"] == project["name"]
+    assert found["org.opencontainers.image.licenses"] == project["license"]
+    assert found["org.opencontainers.image.version"] == "${VERSION}"
+    assert found["org.opencontainers.image.revision"] == "${REVISION}"
+    args = {
+        item.arguments.split("=", 1)[0]: item.arguments for item in stage if item.keyword == "ARG"
+    }
+    assert args["VERSION"] == f"VERSION={project['version']}"

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sidecar.config import load_settings
 from sidecar.inject.patch import (
     CONFIG_VOLUME,
     CONTAINER_NAME,
@@ -137,15 +138,24 @@ def test_an_invalid_config_map_annotation_is_refused() -> None:
         patch_for(bad, CONFIG)
 
 
-def test_the_sidecar_is_a_native_sidecar_probed_on_its_port() -> None:
-    container = sidecar_container(InjectConfig(image="img", port=9000))
+def test_the_sidecar_is_a_native_sidecar_probed_on_its_operations_port() -> None:
+    container = sidecar_container(InjectConfig(image="img", port=9000, ops_port=9001))
     assert container["restartPolicy"] == "Always"
-    assert container["startupProbe"]["httpGet"] == {"path": "/readyz", "port": 9000}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9000}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9000}
-    assert container["ports"][0]["containerPort"] == 9000
+    assert container["startupProbe"]["httpGet"] == {"path": "/readyz", "port": 9001}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9001}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9001}
+    # Only the operations port is declared: the data plane is not reachable from outside.
+    assert [port["containerPort"] for port in container["ports"]] == [9001]
     env = {item["name"]: item.get("value") for item in container["env"]}
-    assert env == {"ORDERED_SIDECAR__HTTP__HOST": "0.0.0.0", "ORDERED_SIDECAR__HTTP__PORT": "9000"}
+    # No HTTP__HOST: the data plane keeps its loopback default.
+    assert env == {
+        "ORDERED_SIDECAR__HTTP__PORT": "9000",
+        "ORDERED_SIDECAR__HTTP__OPS_HOST": "0.0.0.0",
+        "ORDERED_SIDECAR__HTTP__OPS_PORT": "9001",
+    }
+    settings = load_settings(None, env)
+    assert (settings.http.host, settings.http.port) == ("127.0.0.1", 9000)
+    assert (settings.http.ops_host, settings.http.ops_port) == ("0.0.0.0", 9001)
 
 
 def test_the_admin_token_comes_from_the_named_secret() -> None:
@@ -157,7 +167,14 @@ def test_the_admin_token_comes_from_the_named_secret() -> None:
 
 
 @pytest.mark.parametrize(
-    "options", [{"image": ""}, {"image": "i", "port": 0}, {"image": "i", "config_map": "A_B"}]
+    "options",
+    [
+        {"image": ""},
+        {"image": "i", "port": 0},
+        {"image": "i", "ops_port": 70000},
+        {"image": "i", "port": 9000, "ops_port": 9000},
+        {"image": "i", "config_map": "A_B"},
+    ],
 )
 def test_invalid_settings_are_refused(options: dict[str, Any]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - the message differs per field

@@ -114,7 +114,7 @@ def test_the_kubernetes_scrape_config_passes_promtool_and_keeps_the_sidecar(
     # key itself: check everything else (relabelling included) with static targets.
     checked = dict(job)
     del checked["kubernetes_sd_configs"]
-    checked["static_configs"] = [{"targets": ["127.0.0.1:8082"]}]
+    checked["static_configs"] = [{"targets": ["127.0.0.1:8081"]}]
     config["scrape_configs"] = [checked]
     config["rule_files"] = [str(ALERTS)]
     path = tmp_path / "prometheus.yml"

@@ -107,6 +107,10 @@ def admission_review(annotations: dict[str, str]) -> dict[str, Any]:
     }
 
 
+CREDENTIALS_REVIEW = Path(__file__).with_name("reviews") / "pod-create-with-credentials.json"
+"""An AdmissionReview for a pod whose annotations name credential Secrets."""
+
+
 @asynccontextmanager
 async def webhook(tls: tuple[Path, Path] | None = None) -> AsyncIterator[WebhookServer]:
     server = WebhookServer(CONFIG, "127.0.0.1", 0, tls)
@@ -150,6 +154,22 @@ async def test_the_server_injects_into_an_opted_in_pod_over_http() -> None:
         status, answer = await post_review(server.url, review)
     assert status == 200
     check_injected(review, answer)
+
+
+async def test_the_server_injects_credentials_named_by_annotations_over_http() -> None:
+    review = json.loads(CREDENTIALS_REVIEW.read_text())
+    async with webhook() as server:
+        status, answer = await post_review(server.url, review)
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    operations = json.loads(base64.b64decode(answer["response"]["patch"]))
+    patched = apply_patch(review["request"]["object"], operations)
+    (container,) = patched["spec"]["initContainers"]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["ORDERED_SIDECAR__KAFKA__SECURITY__SASL_PASSWORD"]["valueFrom"] == {
+        "secretKeyRef": {"name": "orders-kafka-scram", "key": "password"}
+    }
+    assert all(mount["readOnly"] for mount in container["volumeMounts"])
 
 
 async def test_the_server_leaves_other_pods_alone_and_rejects_garbage() -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -38,6 +39,8 @@ from tests.support.waiting import eventually
 ADMIN_TOKEN = "test-token"
 TEST_REPLICATION_MARGIN_MS = 1_000
 """Replicas of the local cluster catch up within a fetch wait (500 ms)."""
+READY_WITHIN_S = 60.0
+"""How long an in-process test sidecar may take to be ready on the running cluster."""
 JSON_V2 = "application/vnd.kafka.json.v2+json"
 BINARY_V2 = "application/vnd.kafka.binary.v2+json"
 
@@ -82,7 +85,7 @@ def settings_for(
             root=root,
             session_timeout_s=session_timeout_s,
         ),
-        http=HttpSettings(port=0, admin_enabled=True, admin_token=ADMIN_TOKEN),
+        http=HttpSettings(port=0, ops_port=0, admin_enabled=True, admin_token=ADMIN_TOKEN),
         produce=ProduceSettings(
             hold_timeout_s=hold_timeout_s,
             barrier_timeout_s=barrier_timeout_s,
@@ -159,6 +162,8 @@ class RunningSidecar(SidecarClient):
 @dataclass
 class SidecarProcess(SidecarClient):
     process: asyncio.subprocess.Process
+    ops_url: str = ""
+    """The operations listener, when the test chose its port (``free_port``)."""
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:
@@ -195,8 +200,10 @@ def _environment(settings: Settings) -> dict[str, str]:
     return dict(os.environ) | settings_environment(settings)
 
 
-async def start_process(settings: Settings) -> SidecarProcess:
-    """``sidecar serve`` as its own process; returns once it answers."""
+async def start_process(settings: Settings, *, wait_ready: bool = True) -> SidecarProcess:
+    """``sidecar serve`` as its own process; returns once it is ready, or, without
+    ``wait_ready``, once its operations listener answers (``settings`` must then name
+    both ports: ``free_port``)."""
     # Each process logs to a file of its own, kept for a failing test's post-mortem.
     log_path = Path(tempfile.gettempdir()) / f"ordered-sidecar-{settings.sidecar_id}.log"
     with log_path.open("wb") as log_file:
@@ -208,10 +215,39 @@ async def start_process(settings: Settings) -> SidecarProcess:
             stderr=log_file,
         )
     assert process.stdout is not None
+    if not wait_ready:
+        http = settings.http
+        assert http.port, "name the data port to talk to a sidecar not ready"
+        assert http.ops_port, "name the operations port to talk to a sidecar not ready"
+        ops_url = f"http://{http.ops_host}:{http.ops_port}"
+
+        async def listening() -> bool:
+            try:
+                async with (
+                    aiohttp.ClientSession() as probe,
+                    probe.get(f"{ops_url}/healthz") as response,
+                ):
+                    return response.status == 200
+            except aiohttp.ClientConnectionError:
+                assert process.returncode is None, f"sidecar exited: see {log_path}"
+                return False
+
+        await eventually(listening, 30, "the operations listener answers")
+        url = f"http://{http.host}:{http.port}"
+        session = aiohttp.ClientSession(url)
+        return SidecarProcess(url, settings.sidecar_id, session, process, ops_url)
     line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
     assert " ready on " in line, f"sidecar did not start: {line!r}"
     url = line.rsplit(" ", 1)[1].strip()
     return SidecarProcess(url, settings.sidecar_id, aiohttp.ClientSession(url), process)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 async def stop_process(sidecar: SidecarProcess) -> None:
@@ -244,6 +280,7 @@ async def running_sidecars(
             settings = settings_for(cluster, root, f"sc{index}", **options)
             server = SidecarServer(settings)
             await server.start()
+            await asyncio.wait_for(server.wait_ready(), READY_WITHIN_S)
             session = aiohttp.ClientSession(server.url)
             started.append(RunningSidecar(server.url, settings.sidecar_id, session, server))
         yield started

@@ -74,6 +74,12 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
         ("[http]\nkeepalive_timeout_s = -1\n", {}, "keepalive_timeout_s must be positive"),
         ("[http]\nadmin_enabled = true\n", {}, "needs http.admin_token"),
         ('[http]\naccess_log = "some"\n', {}, "http.access_log must be one of off, errors, all"),
+        ("[http]\nops_port = 70000\n", {}, "http.ops_port must be between 0 and 65535"),
+        ("[http]\nport = 9000\nops_port = 9000\n", {}, "http.ops_port (9000) must differ"),
+        ('[http]\nhost = "0.0.0.0"\n', {}, "not a loopback address: set http.data_token"),
+        ('[http]\nhost = "10.1.2.3"\n', {}, "not a loopback address: set http.data_token"),
+        ("[startup]\nretry_initial_s = 0\n", {}, "startup.retry_initial_s (0) must be positive"),
+        ("[startup]\nretry_initial_s = 3\n", {}, "at most startup.retry_max_s (2)"),
         (
             '[produce]\nheader_format = "four"\n',
             {},
@@ -307,3 +313,17 @@ def test_zookeeper_security_mistakes_name_the_setting(
     full = {f"ORDERED_SIDECAR__ZOOKEEPER__SECURITY__{k}": v for k, v in environ.items()}
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_settings(environ=full)
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_a_loopback_data_plane_needs_no_token(host: str) -> None:
+    settings = load_settings(None, {"ORDERED_SIDECAR__HTTP__HOST": host})
+    assert settings.http.host == host
+    assert settings.http.data_token == ""
+
+
+def test_a_data_plane_beyond_loopback_binds_with_its_token() -> None:
+    settings = load_settings(
+        None,
+        {"ORDERED_SIDECAR__HTTP__HOST": "0.0.0.0", "ORDERED_SIDECAR__HTTP__DATA_TOKEN": "s3cret"},
+    )
+    assert settings.http.host == "0.0.0.0"
+    assert "s3cret" not in repr(settings)

@@ -33,6 +33,12 @@ def _described(name: str) -> TopicDescription:
     )
 
 
+class _Started:
+    """A registry that has finished starting (the data plane's gate lets requests in)."""
+
+    started = True
+
+
 class _Admin:
     async def describe(self, name: str) -> TopicDescription:
         return _described(name)
@@ -45,7 +51,7 @@ async def client() -> AsyncIterator[Client]:
     )
     app = build_app(
         settings,
-        cast(TopicRegistry, object()),
+        cast(TopicRegistry, _Started()),
         cast(ProduceService, object()),
         cast(TopicAdmin, _Admin()),
         cast(ChangeRunner, object()),
