@@ -313,6 +313,8 @@ def test_zookeeper_security_mistakes_name_the_setting(
     full = {f"ORDERED_SIDECAR__ZOOKEEPER__SECURITY__{k}": v for k, v in environ.items()}
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_settings(environ=full)
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
 def test_a_loopback_data_plane_needs_no_token(host: str) -> None:
     settings = load_settings(None, {"ORDERED_SIDECAR__HTTP__HOST": host})
