@@ -84,6 +84,7 @@ async def test_a_fetch_taken_between_revocation_and_assignment_loses_nothing(
 
     server = SidecarServer(settings_for(cluster, unique("/window"), "window"))
     await server.start()
+    await server.wait_ready()
     # The other member reads another topic in the same group: every rebalance waits for
     # its listener, and the instance keeps its partition.
     listener = _SlowRevocation()
