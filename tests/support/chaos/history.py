@@ -216,11 +216,16 @@ class History:
         partition: int,
         generation: int,
         via: str,
+        received: tuple[int, float] | None = None,
     ) -> None:
+        """Record a hand-off the app was told of; ``received``: the (order, time) at which
+        the app received it, when that came before this record (an event is recorded once
+        its acknowledgement is answered, but the app had it from the response)."""
+        order, at = received if received is not None else (self.next_order(), self.now())
         self.handoffs.append(
             Handoff(
-                self.next_order(),
-                self.now(),
+                order,
+                at,
                 incarnation.group,
                 incarnation.id,
                 kind,

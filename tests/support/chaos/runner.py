@@ -624,6 +624,10 @@ class ChaosRun:
                 self.history.poll_errors[f"{status} {(body or {}).get('error_code')}"] += 1
                 await asyncio.sleep(0.2)
                 continue
+            # The app has the events of this response from here on: that is when it was
+            # told, not when its acknowledgement is answered (a loaded machine answers it
+            # after the gate it opened has released another instance's records).
+            received = (self.history.next_order(), self.history.now())
             events = [item for item in body if "type" in item]
             records = [item for item in body if "type" not in item]
             for record in records:
@@ -653,6 +657,7 @@ class ChaosRun:
                             int(event["partition"]),
                             int(event["generation"]),
                             "event",
+                            received=received,
                         )
                 else:
                     code = (answer or {}).get("error_code")
