@@ -7,8 +7,8 @@ poll took the fetch and the old assignment's position; the new assignment restar
 from the committed offset, and its refetch of the same records was discarded as seen.
 
 Here the same order of events on the real cluster, made certain instead of waited for:
-the instance's fetch is left running until it has returned, another member of the
-group keeps the rebalance open for seconds (its revocation listener is slow, as an app
+the instance's fetch is left running until it has returned, a member joins, another
+member keeps the rebalance open for seconds (its revocation listener is slow, as an app
 flushing state is), and the instance polls inside that window. Every record must still
 reach the app, once the new assignment is in.
 """
@@ -88,15 +88,10 @@ async def test_a_fetch_taken_between_revocation_and_assignment_loses_nothing(
     # The other member reads another topic in the same group: every rebalance waits for
     # its listener, and the instance keeps its partition.
     listener = _SlowRevocation()
-    member = AIOKafkaConsumer(
-        bootstrap_servers=cluster.kafka_bootstrap,
-        group_id=group,
-        partition_assignment_strategy=(ordered_assignor(lambda topic: None),),
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
+    member = _member(cluster, group)
     member.subscribe([other], listener=listener)
     await member.start()
+    members = [member]
     member_polls = asyncio.create_task(_keep_polling(member))
     try:
         instance = await server.consumers.create(
@@ -121,10 +116,15 @@ async def test_a_fetch_taken_between_revocation_and_assignment_loses_nothing(
         await asyncio.wait_for(asyncio.shield(fetching), 30)
         assert fetching.result().batches, "the fetch returned no records"
 
-        # The rebalance: the instance's listener revokes at once; the other member's takes
-        # seconds, and aiokafka reports the old assignment until the group has synced.
+        # The rebalance: a third member joins. The instance's listener revokes at once;
+        # the other member's takes seconds, the group waits for it, and aiokafka reports
+        # the instance's old assignment until the group has synced. (A member that only
+        # asks to rejoin, with nothing changed, gets its assignment back at once.)
         listener.slow = True
-        consumer.request_rejoin()
+        third = _member(cluster, group)
+        third.subscribe([other])
+        await third.start()
+        members.append(third)
         deadline = time.monotonic() + 30
         while TopicPartition(topic, 0) in instance.partitions:
             assert time.monotonic() < deadline, "the instance was never revoked"
@@ -141,8 +141,20 @@ async def test_a_fetch_taken_between_revocation_and_assignment_loses_nothing(
         member_polls.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await member_polls
-        await member.stop()
+        for started in members:
+            await started.stop()
         await server.stop()
+
+
+def _member(cluster: ClusterEndpoints, group: str) -> AIOKafkaConsumer:
+    """A plain member of the group, with the sidecar's assignor (the group's protocol)."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap,
+        group_id=group,
+        partition_assignment_strategy=(ordered_assignor(lambda topic: None),),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
 
 
 async def _keep_polling(member: AIOKafkaConsumer) -> None:
