@@ -56,6 +56,7 @@ async def test_the_audit_job_reads_a_secured_audit_topic(
     server = SidecarServer(settings)
     await server.start()
     try:
+        await server.wait_ready()
         async with aiohttp.ClientSession(server.url) as http:
             sidecar = RunningSidecar(server.url, settings.sidecar_id, http, server)
             await sidecar.create_topic(topic, 2, replication_factor=1)

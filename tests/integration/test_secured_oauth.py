@@ -113,6 +113,7 @@ async def running_sidecars_with(settings: Settings) -> AsyncIterator[RunningSide
     server = SidecarServer(settings)
     await server.start()
     try:
+        await server.wait_ready()
         async with aiohttp.ClientSession(server.url) as http:
             yield RunningSidecar(server.url, settings.sidecar_id, http, server)
     finally:
