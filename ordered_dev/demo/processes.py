@@ -22,13 +22,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from sidecar.config import ENV_PREFIX, Settings
+from sidecar.config import ENV_PREFIX, Secret, Settings
 
 STATE_FILE = "demo.json"
 READY_WITHIN_S = 90.0
@@ -51,14 +51,26 @@ def environment(settings: Settings) -> dict[str, str]:
     (and no other such variable: the demo decides every sidecar setting)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(ENV_PREFIX)}
     for section in ("kafka", "zookeeper", "http", "produce", "audit"):
-        values = getattr(settings, section)
-        for item in fields(values):
-            if item.name == "client":
-                continue
-            value = getattr(values, item.name)
-            text = str(value).lower() if isinstance(value, bool) else str(value)
-            env[f"{ENV_PREFIX}{section.upper()}__{item.name.upper()}"] = text
+        env |= _section_environment(f"{ENV_PREFIX}{section.upper()}", getattr(settings, section))
     env[f"{ENV_PREFIX}SIDECAR_ID"] = settings.sidecar_id
+    return env
+
+
+def _section_environment(prefix: str, values: Any) -> dict[str, str]:
+    """One section's variables; a nested section (``kafka.security``) as its own keys."""
+    env: dict[str, str] = {}
+    for item in fields(values):
+        value = getattr(values, item.name)
+        if item.name == "client":
+            continue
+        if is_dataclass(value):
+            env |= _section_environment(f"{prefix}__{item.name.upper()}", value)
+        elif isinstance(value, Secret):
+            if value:
+                env[f"{prefix}__{item.name.upper()}"] = value.reveal()
+        else:
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            env[f"{prefix}__{item.name.upper()}"] = text
     return env
 
 
