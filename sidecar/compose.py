@@ -168,7 +168,12 @@ class SidecarServer:
                 await self.sidecar.start()
                 break
             except Exception as exc:
-                if isinstance(exc, SidecarError) and exc.fatal_at_start:
+                # A setting the clients cannot be built from (an expired certificate, a
+                # key its password does not open), or an identity the cluster refuses:
+                # trying again cannot help, the process ends with one line.
+                if isinstance(exc, ConfigError) or (
+                    isinstance(exc, SidecarError) and exc.fatal_at_start
+                ):
                     raise
                 attempt += 1
                 delay = backoff.delay(attempt, random.random())
@@ -194,7 +199,7 @@ class SidecarServer:
             if task is not None:
                 task.cancel()
                 # A start that gave up raised already to whoever waited for readiness.
-                with contextlib.suppress(asyncio.CancelledError, SidecarError):
+                with contextlib.suppress(asyncio.CancelledError, SidecarError, ConfigError):
                     await task
         if self._runner is not None:
             await self._runner.cleanup()  # stops accepting, waits for handlers

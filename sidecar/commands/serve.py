@@ -35,7 +35,7 @@ def run_serve(args: argparse.Namespace) -> int:
     tune_process(settings.process)
     try:
         asyncio.run(serve(settings))
-    except ConfigError as exc:  # a port that cannot be bound
+    except ConfigError as exc:  # a port, or a certificate or key the clients cannot use
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
     except SidecarError as exc:
