@@ -56,7 +56,9 @@ def container_settings(cluster: ClusterEndpoints, root: str | None = None) -> Se
     """A sidecar's settings for ``cluster`` (admin API on, a fresh ZooKeeper root by
     default) listening on a free loopback port."""
     settings = settings_for(cluster, root or f"/{unique('container')}", "container")
-    return replace(settings, http=replace(settings.http, port=free_port()))
+    # Concrete ports, not 0: the image's HEALTHCHECK reads the operations port from the
+    # environment, and the containers share the host's network.
+    return replace(settings, http=replace(settings.http, port=free_port(), ops_port=free_port()))
 
 
 def run_container(
