@@ -780,17 +780,19 @@ def _validate_kafka_security(values: KafkaSettings) -> None:
         return
     if not security.sasl_username:
         raise ConfigError(f"{prefix}sasl_username is needed for {security.sasl_mechanism}")
-    _one_of(
+    _required_secret(
         prefix + "sasl_password",
         security.sasl_password,
-        prefix + "sasl_password_file",
         security.sasl_password_file,
+        f"for {security.sasl_mechanism}",
     )
-    if not (security.sasl_password or security.sasl_password_file):
-        raise ConfigError(
-            f"{prefix}sasl_password or {prefix}sasl_password_file is needed for "
-            f"{security.sasl_mechanism}"
-        )
+
+
+def _required_secret(name: str, value: Secret, file: str, needed: str) -> None:
+    """Exactly one of ``name`` and ``name``_file must be set; ``needed`` says what for."""
+    _one_of(name, value, name + "_file", file)
+    if not (value or file):
+        raise ConfigError(f"{name} or {name}_file is needed {needed}")
 
 
 def _validate_oauth(security: KafkaSecuritySettings) -> None:
@@ -811,17 +813,12 @@ def _validate_oauth(security: KafkaSecuritySettings) -> None:
         raise ConfigError(f"{prefix}oauth_token_endpoint must be an http(s) URL")
     if not security.oauth_client_id:
         raise ConfigError(f"{prefix}oauth_client_id is needed with {prefix}oauth_token_endpoint")
-    _one_of(
+    _required_secret(
         prefix + "oauth_client_secret",
         security.oauth_client_secret,
-        prefix + "oauth_client_secret_file",
         security.oauth_client_secret_file,
+        f"with {prefix}oauth_token_endpoint",
     )
-    if not (security.oauth_client_secret or security.oauth_client_secret_file):
-        raise ConfigError(
-            f"{prefix}oauth_client_secret or {prefix}oauth_client_secret_file is needed with "
-            f"{prefix}oauth_token_endpoint"
-        )
 
 
 def _validate_zookeeper_security(security: ZooKeeperSecuritySettings) -> None:
