@@ -92,14 +92,16 @@ Extensions of this project:
   "partition"}, ...]}``, first in the next records response (or POSTed to the callback
   URL). They have no ``event_id``: nothing waits for them to be acknowledged.
 * ``record_headers`` on create: which record headers a records response carries.
-  ``"all"`` (the default) writes every header, the sidecar's ``ordered.*`` ones too, so a
-  consumer can see the generation and count a record was routed with. ``"app"`` leaves
-  out the ``ordered.*`` headers and keeps the application's own; ``"none"`` writes no
-  headers, which is REST Proxy v2's own record shape. The sidecar's headers are not what
-  the app wrote, and on small records they are a good part of a response (the stamp's
-  entry is some 75 bytes against a 100-byte value's 136 of base64), so an app that does
-  not read them saves their encoding, transfer and parsing. The audit is not affected: it records
-  a delivery from the record the sidecar read, not from the response.
+  ``"app"`` (the default) keeps the application's own headers and leaves out the
+  sidecar's ``ordered.*`` ones; ``"all"`` writes every header, so a consumer can see the
+  generation and count a record was routed with; ``"none"`` writes no headers, which is
+  REST Proxy v2's own record shape. The default is the app's own headers because the
+  sidecar's are not what the app wrote: they are the sidecar's wire format between its
+  own processes (it changed once, from four headers to the stamp), and on small records
+  they are a good part of a response (the stamp's entry is some 75 bytes against a
+  100-byte value's 136 of base64), which an app reading them pays to parse. The audit is
+  not affected: it records a delivery from the record the sidecar read, not from the
+  response.
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ class CreateConsumerRequest:
     callback_url: str | None
     callback_timeout_ms: int | None
     assignment_events: bool = False
-    record_headers: RecordHeaders = RecordHeaders.ALL
+    record_headers: RecordHeaders = RecordHeaders.APP
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,7 +500,7 @@ def _decode_format(raw: object) -> EmbeddedFormat:
 
 def _decode_record_headers(raw: object) -> RecordHeaders:
     if raw is None:
-        return RecordHeaders.ALL
+        return RecordHeaders.APP
     if not isinstance(raw, str):
         raise BadRequest(f"record_headers must be a string, got {json_type(raw)}")
     try:
@@ -756,7 +758,7 @@ def _acceptable(parameters: Sequence[str]) -> bool:
 def encode_records_response(
     items: Sequence[RecordToDeliver | KeyEvent | AssignmentNotice],
     fmt: EmbeddedFormat,
-    record_headers: RecordHeaders = RecordHeaders.ALL,
+    record_headers: RecordHeaders = RecordHeaders.APP,
 ) -> bytes:
     """The ``GET records`` body: a JSON array of records (and events) in order.
 

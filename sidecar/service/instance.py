@@ -52,7 +52,7 @@ class InstanceConfig:
     assignment_events: bool = False
     """Tell the app of rebalances (AssignmentNotice), by callback or in records
     responses. Off by default: a REST Proxy client expects only records there."""
-    record_headers: str = "all"
+    record_headers: str = "app"
     """"all", "app" or "none": which record headers the HTTP layer writes in a records
     response (the service hands every record over with all of its headers)."""
 

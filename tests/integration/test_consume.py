@@ -541,14 +541,11 @@ async def test_record_headers_chooses_which_headers_the_app_reads(
             topic, [{"key": f"k{i}", "value": i, "headers": [trace]} for i in range(6)]
         )
         assert status == 200, body
-        names: dict[str, list[list[str] | None]] = {}
-        for kept in ("all", "app", "none"):
+        names: dict[str | None, list[list[str] | None]] = {}
+        for kept in ("all", "app", "none", None):
+            chosen = {} if kept is None else {"record_headers": kept}
             consumer = await create_consumer(
-                sidecar,
-                unique("group"),
-                "c",
-                record_headers=kept,
-                **{"auto.offset.reset": "earliest"},
+                sidecar, unique("group"), "c", **chosen, **{"auto.offset.reset": "earliest"}
             )
             await consumer.subscribe(topic)
             got = await _drain(consumer, 6)
@@ -559,6 +556,8 @@ async def test_record_headers_chooses_which_headers_the_app_reads(
         assert names["all"] == [["trace", "ordered.stamp"]] * 6
         assert names["app"] == [["trace"]] * 6
         assert names["none"] == [None] * 6
+        # Unless asked for, the sidecar's own header stays out of the app's records.
+        assert names[None] == [["trace"]] * 6
         # A value outside the three is refused at once, and no instance is left behind.
         group = unique("group")
         status, answer = await post_create_consumer(

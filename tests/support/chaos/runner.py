@@ -552,6 +552,9 @@ class ChaosRun:
                 "auto.offset.reset": "earliest",
                 "consumer.request.timeout.ms": POLL_TIMEOUT_MS,
                 "auto.commit.enable": "true" if group.callback else "false",
+                # The stamp tells which generation routed each delivered record (the
+                # barrier check); responses carry it only when asked.
+                "record_headers": "all",
             }
             if group.callback:
                 config["callback_url"] = f"{self.callback_urls[index]}/{incarnation.id}"

@@ -197,6 +197,8 @@ DEFAULTS = CreateConsumerRequest(
     request_timeout_ms=None,
     callback_url=None,
     callback_timeout_ms=None,
+    # The app's own headers unless it asks for the sidecar's too.
+    record_headers=RecordHeaders.APP,
 )
 
 
