@@ -259,37 +259,58 @@ class TransactionalWriter:
 
     async def _with_known_partitions(self, group: list[_Request]) -> list[_Request]:
         """The requests whose partitions the producers' metadata shows (a partition added
-        moments ago shows at the next refresh); the others fail, not appended.
-
-        Every lane is asked, not only the one about to write: each producer has metadata
-        of its own, and refreshing them together makes the next lanes' first transactions
-        after an expansion wait for nothing."""
+        moments ago shows at the next refresh); the others fail, not appended."""
         needed: dict[str, int] = {}
         for request in group:
             for record in request.records:
                 needed[request.topic] = max(needed.get(request.topic, 0), record.partition + 1)
         missing: dict[str, str] = {}
         for topic, count in needed.items():
-            waits = [
-                await_partition_count(
-                    lane.producer.client,
-                    topic,
-                    count,
-                    self._timeout_s,
-                    backoff_s=self._settings.retry_backoff_s,
-                )
-                for lane in self._lanes
-                if lane.producer is not None
-            ]
-            for outcome in await asyncio.gather(*waits, return_exceptions=True):
-                if isinstance(outcome, KafkaUnavailable):
-                    missing[topic] = outcome.message
-                elif isinstance(outcome, BaseException):
-                    raise outcome
+            unknown = await self._lanes_show(topic, count)
+            if unknown is not None:
+                missing[topic] = unknown
         for request in group:
             if request.topic in missing:
                 request.fail(missing[request.topic], maybe_appended=False, settled=True)
         return [request for request in group if request.topic not in missing]
+
+    async def prepare(self, topic: str, count: int) -> None:
+        """Refresh every lane's metadata until it shows ``count`` partitions of ``topic``.
+
+        For a change that adds partitions, called when its barrier is published: the
+        sidecar holds the topic's produces until the change commits anyway, and
+        otherwise the first transaction after the commit waited for these refreshes on
+        the request path (100-250 ms a change on the dev cluster, more when loaded). A
+        failure is left to the request path, which waits again."""
+        unknown = await self._lanes_show(topic, count)
+        if unknown is not None:
+            _log.info("new partitions of %s not prepared: %s", topic, unknown)
+
+    async def _lanes_show(self, topic: str, count: int) -> str | None:
+        """Wait until every lane's metadata shows ``count`` partitions of ``topic``; the
+        reason if one does not within the request timeout, else None.
+
+        Every lane is asked, not only the one about to write: each producer has metadata
+        of its own, and refreshing them together makes the next lanes' first transactions
+        after an expansion wait for nothing."""
+        waits = [
+            await_partition_count(
+                lane.producer.client,
+                topic,
+                count,
+                self._timeout_s,
+                backoff_s=self._settings.retry_backoff_s,
+            )
+            for lane in self._lanes
+            if lane.producer is not None
+        ]
+        unknown = None
+        for outcome in await asyncio.gather(*waits, return_exceptions=True):
+            if isinstance(outcome, KafkaUnavailable):
+                unknown = outcome.message
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return unknown
 
     async def _append(self, lane: _Lane, group: list[_Request]) -> None:
         """Begin a transaction on ``lane`` with ``group``'s records and wait until they are

@@ -47,7 +47,7 @@ from sidecar.core.procedures import (
     TransactionalId,
     incarnation_ids,
 )
-from sidecar.core.topics import TopicState
+from sidecar.core.topics import PendingBarrier, TopicState
 from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
@@ -330,6 +330,8 @@ class TopicRegistry:
             participant = participant.generation_committed(state.current)
         pending = state.pending
         if pending is not None and pending.generation > participant.generation:
+            if participant.pending_generation != pending.generation:
+                self._prepare_partitions(runtime.name, pending, state)
             participant = participant.barrier_published(pending.generation)
         elif pending is None and participant.pending_generation is not None:
             participant = participant.barrier_removed()
@@ -337,6 +339,12 @@ class TopicRegistry:
         runtime.participant = participant
         self._record_generation(runtime)
         runtime.notify()
+
+    def _prepare_partitions(self, name: str, pending: PendingBarrier, state: TopicState) -> None:
+        """A change that adds partitions was published: have the writer learn of them
+        while produces are held for the barrier, not after the commit."""
+        if self.writer is not None and pending.target_count > state.current.undeleted_count:
+            self.spawn(self.writer.prepare(name, pending.target_count))
 
     def _set_state(self, runtime: TopicRuntime, state: TopicState) -> None:
         """Take ``state`` as the topic's; tell the listeners if the partitions a consumer

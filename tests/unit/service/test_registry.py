@@ -10,6 +10,7 @@ would apply it.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from sidecar.config import Settings
@@ -64,3 +65,48 @@ def test_a_topic_adopted_with_no_change_under_way_routes_at_once() -> None:
     sidecar = _sidecar()
     runtime = sidecar._adopt_runtime(_state(None))
     assert runtime.participant.admission() is Admission.ROUTE
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.prepared: list[tuple[str, int]] = []
+
+    async def prepare(self, topic: str, count: int) -> None:
+        self.prepared.append((topic, count))
+
+
+def _preparing_sidecar() -> tuple[TopicRegistry, _Writer]:
+    sidecar = _sidecar()
+    writer = _Writer()
+    sidecar.writer = writer  # type: ignore[assignment]
+
+    def run_now(coroutine: Any) -> None:
+        # The writer's prepare() never suspends here: run it to its end at once. The
+        # refresh adoption starts reads ZooKeeper, which this sidecar does not have.
+        if coroutine.cr_code.co_name != "prepare":
+            coroutine.close()
+            return
+        with contextlib.suppress(StopIteration):
+            coroutine.send(None)
+
+    sidecar.spawn = run_now  # type: ignore[method-assign]
+    return sidecar, writer
+
+
+def test_an_expansion_has_the_writer_learn_its_partitions_while_produces_are_held() -> None:
+    sidecar, writer = _preparing_sidecar()
+    runtime = sidecar._adopt_runtime(_state(None))
+    sidecar._apply_state(runtime, _state(PendingBarrier(generation=1, target_count=5)))
+    assert writer.prepared == [("t", 5)]
+    assert runtime.participant.admission() is Admission.HOLD
+    # The same barrier read again (another watch, a reconnect) asks nothing more.
+    sidecar._apply_state(runtime, _state(PendingBarrier(generation=1, target_count=5)))
+    assert writer.prepared == [("t", 5)]
+
+
+def test_a_shrink_has_nothing_to_prepare() -> None:
+    sidecar, writer = _preparing_sidecar()
+    runtime = sidecar._adopt_runtime(_state(None))
+    sidecar._apply_state(runtime, _state(PendingBarrier(generation=1, target_count=1)))
+    assert writer.prepared == []
+    assert runtime.participant.admission() is Admission.HOLD
