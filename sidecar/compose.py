@@ -25,12 +25,13 @@ from aiohttp import web
 from sidecar.adapters.callbacks import CallbackClient
 from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions, ordered_assignor
 from sidecar.adapters.kafka import KafkaGateway
+from sidecar.adapters.transactions import PartitionWarmer
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.config import ConfigError, Settings
 from sidecar.core.backoff import Backoff
 from sidecar.core.errors import SidecarError
 from sidecar.core.generations import PartitionMode
-from sidecar.core.procedures import Phase
+from sidecar.core.procedures import Phase, warm_transactional_id
 from sidecar.http.access_log import access_log_options
 from sidecar.http.app import build_app
 from sidecar.http.callback_codec import encode_callback
@@ -65,6 +66,11 @@ class SidecarServer:
         self.kafka = KafkaGateway(settings.kafka)
         self.sidecar = TopicRegistry(settings, self.store, self.kafka, self.metrics)
         self.admin = TopicAdmin(self.store, self.kafka, self.metrics, self.sidecar.audit)
+        self.warmer = PartitionWarmer(
+            settings.kafka,
+            warm_transactional_id(settings.kafka.client_id, settings.sidecar_id),
+            settings.changes.warm_within_s,
+        )
         self.changes = ChangeRunner(
             settings.sidecar_id,
             self.store,
@@ -76,6 +82,7 @@ class SidecarServer:
             else None,
             audit=self.sidecar.audit,
             settings=settings.changes,
+            warmer=self.warmer,
         )
         self.retirer = Retirer(
             settings.sidecar_id,
@@ -204,6 +211,7 @@ class SidecarServer:
         if self._runner is not None:
             await self._runner.cleanup()  # stops accepting, waits for handlers
         await self.consumers.close()
+        await self.warmer.stop()
         await self.sidecar.stop()
         if self._ops_runner is not None:
             # Last: /readyz answers 503 (stopping) while the rest shuts down.

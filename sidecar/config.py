@@ -313,6 +313,10 @@ class ChangeSettings:
     housekeeping_interval_s: float = 2.0
     """How often a sidecar looks for changes whose coordinator died and for partitions
     to retire (every sidecar does; the topic lock makes one of them act)."""
+    warm_within_s: float = 2.0
+    """How long an expansion may spend, before its barrier holds any produce, giving
+    each partition it adds a first replicated write (aborted: nobody reads it), which
+    otherwise the first produces after the commit wait for. 0 skips it."""
 
 
 @dataclass(frozen=True, slots=True)

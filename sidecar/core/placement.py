@@ -40,6 +40,8 @@ COUNT_HEADER: Final = "ordered.count"
 SIDECAR_HEADER: Final = "ordered.sidecar"
 SEQUENCE_HEADER: Final = "ordered.sequence"
 RELOCATION_HEADER: Final = "ordered.relocation"
+WARM_HEADER: Final = "ordered.warm"
+"""On the aborted record a change writes to each partition it adds (never committed)."""
 
 Header = tuple[str, bytes | None]
 

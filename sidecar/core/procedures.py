@@ -76,6 +76,12 @@ def incarnation_ids(
     return tuple(TransactionalId(base if lane == 0 else f"{base}~{lane}") for lane in range(lanes))
 
 
+def warm_transactional_id(client_id: str, sidecar_id: str) -> TransactionalId:
+    """The id a sidecar warms the partitions of its changes with (``PartitionWarmer``):
+    ``<client id>.<sidecar id>~warm``, which no lane's id can be (theirs end in a number)."""
+    return TransactionalId(f"{client_id}.{sidecar_id}~warm")
+
+
 MAX_PARTITION_COUNT = 10_000
 """Refuse absurd targets early; Kafka itself allows more but no test or app here needs it."""
 

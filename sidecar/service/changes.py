@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.adapters.kafka import KafkaGateway
+from sidecar.adapters.transactions import PartitionWarmer
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
@@ -89,8 +90,10 @@ class ChangeRunner:
         kill_after_phase: Phase | None = None,
         audit: AuditEmitter | None = None,
         settings: ChangeSettings | None = None,
+        warmer: PartitionWarmer | None = None,
     ) -> None:
         self.settings = settings or ChangeSettings()
+        self.warmer = warmer
         self.sidecar_id = SidecarId(sidecar_id)
         self.store = store
         self.kafka = kafka
@@ -263,14 +266,43 @@ class ChangeRunner:
                 _log.warning("%s of %s failed, retrying: %s", action, operation.topic, reason)
                 await asyncio.sleep(self.settings.action_retry_s)
 
+    async def _warm(self, topic: str, before: int, count: int) -> None:
+        """Warm the partitions ``before..count-1`` this change made (``PartitionWarmer``),
+        then delete what the warm-up left, once its abort marker is written: the
+        partitions are then as empty as before (retirement removes an empty partition at
+        once) and their first boundary lies past it. Best effort, for at most
+        ``changes.warm_within_s`` for the write and as long again for the clean-up."""
+        if self.warmer is None or not await self.warmer.warm(topic, range(before, count)):
+            return
+        try:
+            async with asyncio.timeout(self.settings.warm_within_s):
+                # The aborted transaction began at offset 0: a stable offset past it means
+                # its marker is written.
+                while True:
+                    stable = (await self.kafka.end_offsets(topic, count))[before:]
+                    if all(stable):
+                        break
+                    await asyncio.sleep(self.settings.barrier_poll_s)
+                await self.kafka.delete_records(
+                    topic, {before + index: offset for index, offset in enumerate(stable)}
+                )
+        except (SidecarError, TimeoutError) as exc:
+            reason = exc.message if isinstance(exc, SidecarError) else "timed out"
+            _log.info("clearing the warm-up of %s: %s", topic, reason)
+
     async def _run(self, operation: Operation, action: Action) -> Observation:
         match action:
             case CreatePartitions(topic, total_count):
                 try:
+                    before = await self.kafka.partition_count(topic)
                     count = await self.kafka.create_partitions(topic, total_count)
                 except (SidecarError, TimeoutError) as exc:
                     reason = exc.message if isinstance(exc, SidecarError) else repr(exc)
                     return Failed(f"creating partitions failed: {reason}")
+                if count > before:
+                    # Partitions that existed already (brought back by this change) have
+                    # their followers fetching: only those just made are warmed.
+                    await self._warm(topic, before, count)
                 return PartitionsCreated(count)
             case PublishBarrier(topic, generation, target_count):
                 await self.store.publish_barrier(topic, PendingBarrier(generation, target_count))

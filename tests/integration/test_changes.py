@@ -291,3 +291,34 @@ async def test_compaction_drops_the_old_values_of_moved_keys(cluster: ClusterEnd
     # The moved keys' live values are all in their new partition.
     live_new = {r.key for r in stored[2] if r.value is not None}
     assert {encoded[k] for k in moved} <= live_new
+
+
+async def test_an_expansion_warms_the_partitions_it_adds_and_clears_the_warm_up(
+    cluster: ClusterEndpoints,
+) -> None:
+    """Each partition the expansion makes took one write before the barrier, aborted and
+    then deleted: its log starts and ends past the write and its marker, where its first
+    boundary lies, so it is as empty as a partition never written (retirement removes it
+    at once) and no reader ever meets the write. A partition brought back by a later
+    expansion existed already and is not warmed again."""
+    topic = unique("warm")
+    async with running_sidecars(cluster, 2) as (coordinator, other):
+        await coordinator.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        await coordinator.change_count(topic, 4)
+        kafka = other.server.kafka
+        # The aborted record and its marker: offsets 0 and 1, deleted.
+        assert (await kafka.log_start_offsets(topic, 4))[2:] == [2, 2]
+        assert (await kafka.end_offsets(topic, 4))[2:] == [2, 2]
+        boundaries = _log_of(await _describe(other, topic))[1].boundaries
+        assert [b.offset for b in boundaries] == [0, 0, 2, 2], boundaries
+        # Shrunk and grown again: partition 3 is brought back, not made, and not warmed.
+        await coordinator.change_count(topic, 3)
+        await other.change_count(topic, 4)
+        assert (await kafka.end_offsets(topic, 4))[3] == 2
+        keys = [f"user-{i}" for i in range(16)]
+        status, body = await other.produce(topic, [{"key": k, "value": 1} for k in keys])
+        assert status == 200, body
+    stored = await read_all(cluster, topic, 4)
+    assert sorted(r.key for rs in stored.values() for r in rs) == sorted(
+        json.dumps(k).encode() for k in keys
+    )
