@@ -368,6 +368,9 @@ async def sidecar_process(
         "ORDERED_SIDECAR__ZOOKEEPER__HOSTS": cluster.zookeeper_hosts,
         "ORDERED_SIDECAR__ZOOKEEPER__ROOT": root,
         "ORDERED_SIDECAR__HTTP__PORT": "0",
+        # Several sidecars run side by side: the operations listener's default port
+        # (8081) would be taken by the first.
+        "ORDERED_SIDECAR__HTTP__OPS_PORT": "0",
         "ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "true",
         "ORDERED_SIDECAR__HTTP__ADMIN_TOKEN": ADMIN_TOKEN,
     }
