@@ -282,9 +282,12 @@ class ChangeRunner:
                 await self.store.forget_producers(transactional_ids)
                 return ProducersFenced()
             case ReadStableOffsets(topic, physical_count):
-                offsets = await self.kafka.end_offsets(topic, physical_count)
-                epochs = await self.kafka.leader_epochs(topic, physical_count)
-                return StableOffsets(offsets, epochs)
+                # Each offset with the epoch of the leader that answered it (KIP-320):
+                # a boundary the log no longer reaches can then be told from one it does.
+                ends = await self.kafka.stable_offsets(topic, physical_count)
+                return StableOffsets(
+                    [end.offset for end in ends], [end.leader_epoch for end in ends]
+                )
             case CommitGeneration(topic, generation):
                 state = await self.store.read_topic(topic)
                 if state.current.number >= generation.number:
