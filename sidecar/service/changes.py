@@ -59,6 +59,7 @@ from sidecar.core.procedures import (
 )
 from sidecar.core.topics import PendingBarrier, TopicState
 from sidecar.metrics import SidecarMetrics
+from sidecar.service.boundaries import BoundaryCheck
 
 _log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class ChangeRunner:
         settings: ChangeSettings | None = None,
     ) -> None:
         self.settings = settings or ChangeSettings()
+        self.boundaries = BoundaryCheck(kafka, metrics, audit)
         self.sidecar_id = SidecarId(sidecar_id)
         self.store = store
         self.kafka = kafka
@@ -106,7 +108,8 @@ class ChangeRunner:
         finished operation (phase DONE or ROLLED_BACK with the reason in ``outcome``).
 
         Raises UnknownTopic, InvalidPartitionCount, OperationInProgress (another
-        change holds the topic), MetadataUnavailable / KafkaUnavailable.
+        change holds the topic), BoundaryTruncated (a boundary was lost to an unclean
+        leader election), MetadataUnavailable / KafkaUnavailable.
         """
         # Read before the lock: taking it creates the lock's node, which must not happen
         # for a topic that is not managed (UnknownTopic) nor for a validate-only request,
@@ -122,6 +125,7 @@ class ChangeRunner:
                     f"held by {holder.owner}"
                 )
         if request.validate_only:
+            await self.boundaries.require_intact(request.topic, state.log, "a change")
             operation, _, _ = self._plan(request, state)
             return operation
         async with self.store.lock(request.topic, self.sidecar_id, self.settings.lock_timeout_s):
@@ -131,6 +135,9 @@ class ChangeRunner:
                 await self._drive(stored, on_progress)
                 stored = await self.store.take_over_operation(request.topic)
             state = await self.store.read_topic(request.topic)
+            # KIP-320: a change moves keys on the strength of the boundaries; one the log
+            # no longer reaches is refused (BoundaryTruncated), not built upon.
+            await self.boundaries.require_intact(request.topic, state.log, "a change")
             operation, actions, kind = self._plan(request, state)
             result = await self._drive(operation, on_progress, actions)
         outcome = "done" if result.phase is Phase.DONE else "rolled_back"
