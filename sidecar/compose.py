@@ -90,6 +90,7 @@ class SidecarServer:
             self.kafka,
             self.metrics,
             lock_timeout_s=settings.changes.retirement_lock_timeout_s,
+            audit=self.sidecar.audit,
         )
         self.consumers = build_consumers(
             self.settings, self.sidecar, self.store, self.kafka, self.metrics

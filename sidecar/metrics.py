@@ -125,6 +125,14 @@ class SidecarMetrics:
             ["kind", "result"],
             registry=r,
         )
+        self.truncated_boundaries = Gauge(
+            "sidecar_truncated_boundaries",
+            "Boundaries of the topic's generation log its partitions' logs no longer reach "
+            "(KIP-320: an unclean leader election truncated acknowledged records), as this "
+            "sidecar last checked before a change or retirement.",
+            ["topic"],
+            registry=r,
+        )
         self.relocation_tombstones = Counter(
             "sidecar_relocation_tombstones_total",
             "Tombstones written to an ancestor partition of a compacted topic.",

@@ -13,6 +13,13 @@ Metadata of one topic is read with ``allow_auto_topic_creation=False``: aiokafka
 metadata requests ask for auto-creation (``protocol/metadata.py``, ``MetadataRequest``
 defaults it to True), so on a broker with ``auto.create.topics.enable`` merely asking
 about a topic would create it.
+
+Leader epochs (KIP-320) come from the request versions that carry them, defined in
+``sidecar.adapters.kafka_protocol`` and sent through the producer's aiokafka client:
+the gateway's own Metadata requests are v7, end offsets are read with ListOffsets v4+
+(each from its partition's leader, fenced by the leader epoch the metadata named, and
+answered with the leader's epoch), and ``epoch_end_offsets`` asks OffsetForLeaderEpoch
+v3. A cluster older than Kafka 2.1 cannot answer them and is refused (KafkaFailure).
 """
 
 from __future__ import annotations
@@ -50,8 +57,13 @@ from aiokafka.errors import (
 )
 from aiokafka.errors import ProducerFenced as KafkaProducerFenced
 from aiokafka.producer import sender as aiokafka_sender
-from aiokafka.protocol.metadata import MetadataRequest
 
+from sidecar.adapters.kafka_protocol import (
+    NO_EPOCH,
+    EpochListOffsetsRequest,
+    EpochMetadataRequest,
+    OffsetForLeaderEpochRequest,
+)
 from sidecar.adapters.kafka_security import (
     coerced_client_options,
     diagnose,
@@ -150,6 +162,16 @@ class PartitionInfo:
     leader: int
     replicas: tuple[int, ...]
     in_sync: tuple[int, ...]
+    leader_epoch: int | None = None
+    """The leader's epoch (KIP-320); None where Kafka names none."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndEpoch:
+    """An offset and the leader epoch Kafka answered with it (None: Kafka named none)."""
+
+    offset: int
+    leader_epoch: int | None
 
 
 class TopicExists(Exception):
@@ -422,10 +444,10 @@ class KafkaGateway:
 
     async def _known_by_every_broker(self, topic: str) -> bool:
         client = self._require().producer.client
-        request = MetadataRequest([topic], allow_auto_topic_creation=False)
+        request = EpochMetadataRequest([topic])
         for broker in client.cluster.brokers():
             try:
-                response = await client.send(broker.nodeId, request)
+                response = await _send(client, broker.nodeId, request)
             except KafkaError:
                 return False
             if not any(
@@ -464,16 +486,9 @@ class KafkaGateway:
         return total_count
 
     async def _partition_count_or_none(self, topic: str) -> int | None:
-        client = self._require().producer.client
-        request = MetadataRequest([topic], allow_auto_topic_creation=False)
-
-        async def ask() -> Any:
-            node = client.get_random_node()
-            if node is None:
-                raise KafkaUnavailable("no broker known")
-            return await client.send(node, request)
-
-        response = await self._retrying(ask, f"reading metadata of {topic}")
+        response = await self._retrying(
+            lambda: self._ask_any(EpochMetadataRequest([topic])), f"reading metadata of {topic}"
+        )
         for error_code, name, *_, partitions in response.topics:
             if name != topic:
                 continue
@@ -516,6 +531,7 @@ class KafkaGateway:
                         leader=int(p["leader"]),
                         replicas=tuple(int(r) for r in p["replicas"]),
                         in_sync=tuple(int(r) for r in p["isr"]),
+                        leader_epoch=_epoch(p["leader_epoch"]),
                     )
                     for p in entry["partitions"]
                 ),
@@ -566,17 +582,36 @@ class KafkaGateway:
 
     async def _metadata(self, topics: list[str] | None, what: str) -> dict[str, Any]:
         """A Metadata answer (``topics`` None: every topic), never auto-creating one."""
-        client = self._require().producer.client
-        request = MetadataRequest(topics, allow_auto_topic_creation=False)
-
-        async def ask() -> Any:
-            node = client.get_random_node()
-            if node is None:
-                raise KafkaUnavailable("no broker known")
-            return await client.send(node, request)
-
-        response = await self._retrying(ask, what)
+        response = await self._retrying(lambda: self._ask_any(EpochMetadataRequest(topics)), what)
         return response.to_object()  # type: ignore[no-any-return]
+
+    async def _ask_any(self, request: Any) -> Any:
+        """Send ``request`` to any broker the producer's client knows."""
+        client = self._require().producer.client
+        node = client.get_random_node()
+        if node is None:
+            raise KafkaUnavailable("no broker known")
+        return await _send(client, node, request)
+
+    async def _leaders(self, topic: str, count: int) -> dict[int, tuple[int, int]]:
+        """Partition -> (leader node, leader epoch) of partitions 0..count-1, from one
+        Metadata answer. Raises _LeaderUnknown (retriable) while a partition is missing
+        or has no leader, KafkaFailure; run it under ``_retrying``."""
+        metadata = (await self._ask_any(EpochMetadataRequest([topic]))).to_object()
+        leaders: dict[int, tuple[int, int]] = {}
+        for entry in metadata["topics"]:
+            if entry["topic"] != topic:
+                continue
+            if entry["error_code"] and entry["error_code"] != _UNKNOWN_TOPIC_ERRNO:
+                error = _error_for_code(entry["error_code"], f"metadata of {topic}")
+                raise _translated(error, f"reading metadata of {topic}") from error
+            for p in entry["partitions"]:
+                if p["partition"] < count and p["leader"] >= 0 and not p["error_code"]:
+                    leaders[p["partition"]] = (int(p["leader"]), int(p["leader_epoch"]))
+        missing = sorted(set(range(count)) - set(leaders))
+        if missing:
+            raise _LeaderUnknown(f"no leader known for partitions {missing} of {topic}")
+        return leaders
 
     # Offsets ------------------------------------------------------------------------------
 
@@ -586,11 +621,63 @@ class KafkaGateway:
 
         Raises KafkaUnavailable (also when a partition does not exist), KafkaFailure.
         """
-        partitions = _partitions(topic, count)
-        offsets = await self._retrying(
-            lambda: self._require().consumer.end_offsets(partitions), f"end offsets of {topic}"
-        )
-        return [int(offsets[tp]) for tp in partitions]
+        return [end.offset for end in await self.stable_offsets(topic, count)]
+
+    async def stable_offsets(self, topic: str, count: int) -> list[OffsetAndEpoch]:
+        """Last stable offsets of partitions 0..count-1, each with the epoch of the
+        leader that answered it (ListOffsets v4+, read_committed, from each leader in
+        the epoch the metadata named): a change's boundaries.
+
+        Offset and epoch come from one answer of one leader: an epoch read apart from
+        its offset could belong to a leader elected after the offset was read, whose
+        log may already have been truncated below it. Raises like end_offsets.
+        """
+        what = f"end offsets of {topic}"
+
+        async def ask() -> list[OffsetAndEpoch]:
+            leaders = await self._leaders(topic, count)
+            answers: dict[int, OffsetAndEpoch] = {}
+            for node, partitions in _by_node(leaders).items():
+                request = EpochListOffsetsRequest(topic, partitions)
+                response = await _send(self._require().producer.client, node, request)
+                for _, partition, error_code, _, offset, epoch in _partition_rows(response):
+                    _raise_for_partition(error_code, what)
+                    answers[partition] = OffsetAndEpoch(int(offset), _epoch(epoch))
+            return [answers[partition] for partition in range(count)]
+
+        return await self._retrying(ask, what)  # type: ignore[no-any-return]
+
+    async def epoch_end_offsets(
+        self, topic: str, epochs: Mapping[int, int]
+    ) -> dict[int, OffsetAndEpoch | None]:
+        """Where each asked leader epoch ends in its partition's log, on the current
+        leader (OffsetForLeaderEpoch v3): the largest epoch at or below the asked one
+        that the leader knows, and the offset where the next epoch began (the log end
+        for the current epoch). None for a partition whose leader knows no epoch that
+        new. A record below that offset of that epoch is still in the log; a boundary
+        above it was truncated away (KIP-320).
+
+        Raises KafkaUnavailable (also when a partition does not exist), KafkaFailure.
+        """
+        what = f"end offsets of leader epochs of {topic}"
+        count = max(epochs, default=-1) + 1
+
+        async def ask() -> dict[int, OffsetAndEpoch | None]:
+            leaders = await self._leaders(topic, count)
+            current = {p: leaders[p] for p in epochs}
+            answers: dict[int, OffsetAndEpoch | None] = {}
+            for node, partitions in _by_node(current).items():
+                asked = {p: (partitions[p], epochs[p]) for p in partitions}
+                request = OffsetForLeaderEpochRequest(topic, asked)
+                response = await _send(self._require().producer.client, node, request)
+                for _, error_code, partition, epoch, end_offset in _partition_rows(response):
+                    _raise_for_partition(error_code, what)
+                    answers[partition] = (
+                        None if epoch == NO_EPOCH else OffsetAndEpoch(int(end_offset), epoch)
+                    )
+            return answers
+
+        return await self._retrying(ask, what)  # type: ignore[no-any-return]
 
     async def log_start_offsets(self, topic: str, count: int) -> list[int]:
         """Low watermarks of partitions 0..count-1. Raises like end_offsets."""
@@ -602,15 +689,14 @@ class KafkaGateway:
         return [int(offsets[tp]) for tp in partitions]
 
     async def leader_epochs(self, topic: str, count: int) -> list[int | None]:
-        """Leader epoch of each partition, None where unknown: with aiokafka 0.14 always.
+        """The leader epoch of partitions 0..count-1 as the metadata (v7) names it.
 
-        aiokafka negotiates Metadata up to v5 and ListOffsets up to v3
-        (protocol/metadata.py, protocol/offset.py: "Not yet supported" for v4+);
-        leader epochs appear only in Metadata v7 and ListOffsets v4, and
-        OffsetForLeaderEpoch is not implemented. ``structs.PartitionMetadata`` has no
-        epoch ("TODO add leaderEpoch").
+        Raises KafkaUnavailable (also when a partition has no leader), KafkaFailure.
         """
-        return [None] * count
+        leaders = await self._retrying(
+            lambda: self._leaders(topic, count), f"leader epochs of {topic}"
+        )
+        return [_epoch(leaders[partition][1]) for partition in range(count)]
 
     async def delete_records(self, topic: str, before: Mapping[int, int]) -> dict[int, int]:
         """Delete records below ``before[p]`` in each partition; returns the new low
@@ -807,6 +893,57 @@ async def await_partition_count(
         if not shown():
             # Kafka's metadata lags the controller for a moment after a change.
             await asyncio.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
+
+
+class _LeaderUnknown(KafkaError):  # type: ignore[misc]
+    """A partition has no leader now, or the one asked is no longer it (retriable)."""
+
+    retriable = True
+
+
+# Per-partition answers that a fresh look at the metadata may cure: the leader moved
+# (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH), the metadata is ahead of the broker
+# (UNKNOWN_LEADER_EPOCH), a new leader does not know its high watermark yet
+# (LEADER_NOT_AVAILABLE, OFFSET_NOT_AVAILABLE), a replica is being moved.
+_LEADER_CHANGING = frozenset({5, 6, 9, 56, 74, 75, 78})
+
+
+def _raise_for_partition(error_code: int, what: str) -> None:
+    if not error_code:
+        return
+    if error_code in _LEADER_CHANGING:
+        raise _LeaderUnknown(f"{what}: error {error_code} from the partition's leader")
+    error = _error_for_code(error_code, what)
+    raise error
+
+
+def _partition_rows(response: Any) -> list[tuple[Any, ...]]:
+    """(topic, *partition fields) of every partition of an answer about one topic."""
+    return [(topic, *row) for topic, rows in response.topics for row in rows]
+
+
+def _by_node(leaders: Mapping[int, tuple[int, int]]) -> dict[int, dict[int, int]]:
+    """Node -> {partition: leader epoch} of the partitions that node leads."""
+    grouped: dict[int, dict[int, int]] = {}
+    for partition, (node, epoch) in sorted(leaders.items()):
+        grouped.setdefault(node, {})[partition] = epoch
+    return grouped
+
+
+def _epoch(value: int) -> int | None:
+    return None if value == NO_EPOCH else int(value)
+
+
+async def _send(client: Any, node: int, request: Any) -> Any:
+    """``client.send``, refusing a broker that cannot carry leader epochs."""
+    try:
+        return await client.send(node, request)
+    except NotImplementedError as exc:
+        # aiokafka's Request.prepare: no version both sides know.
+        raise KafkaFailure(
+            f"broker {node} does not speak {type(request).__name__} with leader epochs "
+            "(KIP-320): Kafka 2.1 or later is needed"
+        ) from exc
 
 
 def _partitions(topic: str, count: int) -> list[Any]:

@@ -26,6 +26,9 @@ across partitions and generations):
 ``barrier_phase``   topic, kind (expand/shrink), from_generation, from_count, target_count,
                     phase, coordinator
 ``admin``           topic, kind (create/adopt/expand/shrink), result, from_count, target_count
+``boundary_truncated``  topic, generation, partition, boundary, leader_epoch, log_end (where
+                    that epoch ends on the current leader, null if it knows none): a
+                    boundary an unclean leader election cut the log below (KIP-320)
 
 Record events (``produce_acked``, ``delivered``) are sampled by key hash
 (``audit.sample_rate``) so that a sampled key's history is complete; the others are
@@ -171,6 +174,26 @@ def admin(*, topic: str, kind: str, result: str, from_count: int, target_count: 
         "result": result,
         "from_count": from_count,
         "target_count": target_count,
+    }
+
+
+def boundary_truncated(
+    *,
+    topic: str,
+    generation: int,
+    partition: int,
+    boundary: int,
+    leader_epoch: int,
+    log_end: int | None,
+) -> Event:
+    return {
+        "type": "boundary_truncated",
+        "topic": topic,
+        "generation": generation,
+        "partition": partition,
+        "boundary": boundary,
+        "leader_epoch": leader_epoch,
+        "log_end": log_end,
     }
 
 

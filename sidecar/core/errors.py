@@ -246,6 +246,16 @@ class ChangeRolledBack(SidecarError):
     default_message = "the partition-count change was rolled back"
 
 
+class BoundaryTruncated(SidecarError):
+    """A boundary of the topic's generation log is no longer reached by its partition's
+    log (KIP-320): an unclean leader election cut acknowledged records below it. The
+    topic's changes and retirements are refused; retrying cannot help."""
+
+    http_status = 409
+    error_code = 40950
+    default_message = "a boundary of the topic was lost to log truncation"
+
+
 class InvalidPartitionCount(SidecarError):
     """KIP-195 INVALID_PARTITIONS: not an increase, below N, or otherwise impossible."""
 

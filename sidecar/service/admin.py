@@ -17,7 +17,7 @@ from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.core import names
 from sidecar.core.errors import BadRequest, InvalidPartitionCount, TopicAlreadyManaged, UnknownTopic
-from sidecar.core.generations import GenerationLog, PartitionMode
+from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.procedures import MAX_PARTITION_COUNT
 from sidecar.core.topics import TopicConfig, TopicState
 from sidecar.metrics import SidecarMetrics
@@ -154,7 +154,10 @@ class TopicAdmin:
         raise TopicAlreadyManaged(f"topic {name} is already managed")
 
     async def _manage(self, config: TopicConfig, count: int) -> TopicState:
-        log = GenerationLog.start(count)
+        # Generation 0 begins at offset 0 everywhere, stored, like every boundary, with
+        # its partition's leader epoch (KIP-320).
+        epochs = await self.kafka.leader_epochs(config.name, count)
+        log = GenerationLog.start(count, [Boundary(0, epoch) for epoch in epochs])
         modes = (PartitionMode.READ_WRITE,) * count
         await self.store.create_topic(config, log.current, modes)
         return await self.store.read_topic(config.name)

@@ -60,6 +60,7 @@ from sidecar.core.procedures import (
 )
 from sidecar.core.topics import PendingBarrier, TopicState
 from sidecar.metrics import SidecarMetrics
+from sidecar.service.boundaries import BoundaryCheck
 
 _log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class ChangeRunner:
     ) -> None:
         self.settings = settings or ChangeSettings()
         self.warmer = warmer
+        self.boundaries = BoundaryCheck(kafka, metrics, audit)
         self.sidecar_id = SidecarId(sidecar_id)
         self.store = store
         self.kafka = kafka
@@ -109,7 +111,8 @@ class ChangeRunner:
         finished operation (phase DONE or ROLLED_BACK with the reason in ``outcome``).
 
         Raises UnknownTopic, InvalidPartitionCount, OperationInProgress (another
-        change holds the topic), MetadataUnavailable / KafkaUnavailable.
+        change holds the topic), BoundaryTruncated (a boundary was lost to an unclean
+        leader election), MetadataUnavailable / KafkaUnavailable.
         """
         # Read before the lock: taking it creates the lock's node, which must not happen
         # for a topic that is not managed (UnknownTopic) nor for a validate-only request,
@@ -125,6 +128,7 @@ class ChangeRunner:
                     f"held by {holder.owner}"
                 )
         if request.validate_only:
+            await self.boundaries.require_intact(request.topic, state.log, "a change")
             operation, _, _ = self._plan(request, state)
             return operation
         async with self.store.lock(request.topic, self.sidecar_id, self.settings.lock_timeout_s):
@@ -134,6 +138,9 @@ class ChangeRunner:
                 await self._drive(stored, on_progress)
                 stored = await self.store.take_over_operation(request.topic)
             state = await self.store.read_topic(request.topic)
+            # KIP-320: a change moves keys on the strength of the boundaries; one the log
+            # no longer reaches is refused (BoundaryTruncated), not built upon.
+            await self.boundaries.require_intact(request.topic, state.log, "a change")
             operation, actions, kind = self._plan(request, state)
             result = await self._drive(operation, on_progress, actions)
         outcome = "done" if result.phase is Phase.DONE else "rolled_back"
@@ -314,9 +321,12 @@ class ChangeRunner:
                 await self.store.forget_producers(transactional_ids)
                 return ProducersFenced()
             case ReadStableOffsets(topic, physical_count):
-                offsets = await self.kafka.end_offsets(topic, physical_count)
-                epochs = await self.kafka.leader_epochs(topic, physical_count)
-                return StableOffsets(offsets, epochs)
+                # Each offset with the epoch of the leader that answered it (KIP-320):
+                # a boundary the log no longer reaches can then be told from one it does.
+                ends = await self.kafka.stable_offsets(topic, physical_count)
+                return StableOffsets(
+                    [end.offset for end in ends], [end.leader_epoch for end in ends]
+                )
             case CommitGeneration(topic, generation):
                 state = await self.store.read_topic(topic)
                 if state.current.number >= generation.number:

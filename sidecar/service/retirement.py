@@ -31,6 +31,7 @@ import time
 
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.audit.emitter import AuditEmitter
 from sidecar.core.generations import (
     PartitionMode,
     RetirementAction,
@@ -40,6 +41,7 @@ from sidecar.core.generations import (
 )
 from sidecar.core.handoff import revocations_due
 from sidecar.metrics import SidecarMetrics
+from sidecar.service.boundaries import BoundaryCheck
 
 _log = logging.getLogger(__name__)
 
@@ -53,8 +55,10 @@ class Retirer:
         metrics: SidecarMetrics,
         *,
         lock_timeout_s: float = 0.5,
+        audit: AuditEmitter | None = None,
     ) -> None:
         self.lock_timeout_s = lock_timeout_s
+        self.boundaries = BoundaryCheck(kafka, metrics, audit)
         self.sidecar_id = sidecar_id
         self.store = store
         self.kafka = kafka
@@ -64,12 +68,16 @@ class Retirer:
         """One round for ``topic``; returns what was done per read-only partition.
 
         Raises SidecarError subclasses (OperationInProgress while a change holds the
-        topic's lock, MetadataUnavailable, KafkaUnavailable): the caller retries later.
+        topic's lock, BoundaryTruncated, MetadataUnavailable, KafkaUnavailable): the
+        caller retries later.
         """
         state = await self.store.read_topic(topic)
         read_only = partitions_in_mode(state.modes, PartitionMode.READ_ONLY)
         if not read_only:
             return {}
+        # Retiring truncates with DeleteRecords up to ends the gate trusts only while every
+        # boundary is intact (KIP-320): a lost one refuses the round (BoundaryTruncated).
+        await self.boundaries.require_intact(topic, state.log, "retirement")
         count = len(state.modes)
         starts = await self.kafka.log_start_offsets(topic, count)
         ends = await self.kafka.end_offsets(topic, count)

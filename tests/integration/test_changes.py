@@ -96,6 +96,10 @@ async def test_expansion_and_shrink_under_load_never_write_across_a_barrier(
 
     log = _log_of(description)
     assert [g.undeleted_count for g in log.generations] == [2, 3, 5, 8, 4]
+    # Every boundary, generation 0's included, is stored with its partition's leader
+    # epoch (KIP-320), so a boundary lost to an unclean leader election can be detected.
+    epochs = [b.leader_epoch for g in log.generations for b in g.boundaries]
+    assert all(isinstance(epoch, int) and epoch >= 0 for epoch in epochs), epochs
     partitions = description["partitions"]
     assert isinstance(partitions, list)
     modes = [p["mode"] for p in partitions]

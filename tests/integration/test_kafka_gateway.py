@@ -17,6 +17,7 @@ from aiokafka.structs import OffsetAndMetadata
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from sidecar.adapters.kafka import (
     KafkaGateway,
+    OffsetAndEpoch,
     OutgoingKafkaRecord,
     SendFailed,
     SentRecord,
@@ -25,6 +26,8 @@ from sidecar.adapters.kafka import (
 from sidecar.config import KafkaSettings
 from sidecar.core.errors import KafkaUnavailable, UnknownPartition, UnknownTopic
 from sidecar.core.placement import SEQUENCE_HEADER, SIDECAR_HEADER
+from tests.support.failure_load import local_servers
+from tests.support.waiting import eventually
 
 
 def _topic_name(prefix: str) -> str:
@@ -238,7 +241,49 @@ async def test_offsets_follow_sends_and_deleted_records(
     assert await gateway.delete_records(topic, {2: 3, 0: 1}) == {2: 3, 0: 1}
     assert await gateway.log_start_offsets(topic, 3) == [1, 0, 3]
     assert await gateway.end_offsets(topic, 3) == [1, 0, 5]
-    assert await gateway.leader_epochs(topic, 3) == [None, None, None]
+    epochs = await gateway.leader_epochs(topic, 3)
+    assert all(isinstance(epoch, int) and epoch >= 0 for epoch in epochs)
+    assert await gateway.stable_offsets(topic, 3) == [
+        OffsetAndEpoch(offset, epoch) for offset, epoch in zip([1, 0, 5], epochs, strict=True)
+    ]
+
+
+async def test_leader_epochs_before_and_after_a_leader_change(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    servers = local_servers(cluster)
+    topic = await _new_topic(gateway, cluster, "epochs", 1)
+    for _ in range(4):
+        await gateway.send(topic, 0, b"k", b"v", [])
+    [before] = await gateway.leader_epochs(topic, 1)
+    [described] = await gateway.describe_partitions(topic)
+    assert before is not None
+    assert described.leader_epoch == before
+    assert await gateway.stable_offsets(topic, 1) == [OffsetAndEpoch(4, before)]
+
+    # A clean stop: the controller moves the leadership and bumps the leader epoch.
+    await asyncio.to_thread(servers.stop_broker, described.leader)
+    try:
+
+        async def moved() -> bool:
+            [now] = await gateway.describe_partitions(topic)
+            return now.leader not in (-1, described.leader)
+
+        await eventually(moved, 60, "a new leader of partition 0")
+        [after] = await gateway.leader_epochs(topic, 1)
+        assert after is not None
+        assert after > before
+        for _ in range(2):
+            await gateway.send(topic, 0, b"k", b"v", [])
+        assert await gateway.stable_offsets(topic, 1) == [OffsetAndEpoch(6, after)]
+        # The old epoch ended where the new leader began: nothing written under it was
+        # lost, so a boundary of it at 4 is still in the log.
+        assert await gateway.epoch_end_offsets(topic, {0: before}) == {0: OffsetAndEpoch(4, before)}
+        assert await gateway.epoch_end_offsets(topic, {0: after}) == {0: OffsetAndEpoch(6, after)}
+        # An epoch newer than any the leader knows has no end.
+        assert await gateway.epoch_end_offsets(topic, {0: after + 5}) == {0: None}
+    finally:
+        await asyncio.to_thread(servers.start_broker, described.leader)
 
 
 async def test_committed_offsets_of_a_group(

@@ -1,17 +1,28 @@
-"""The Kafka adapter's hold on aiokafka internals it depends on, and its waits on metadata."""
+"""The Kafka adapter's hold on aiokafka internals it depends on, its waits on metadata,
+and its leader-epoch requests over a client that answers with a real broker's bytes."""
 
 from __future__ import annotations
 
 import inspect
+import json
 import time
 from collections.abc import Iterator
+from io import BytesIO
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from aiokafka.producer import sender as aiokafka_sender
 
-from sidecar.adapters.kafka import KafkaGateway, set_transaction_poll
+from sidecar.adapters.kafka import (
+    KafkaGateway,
+    OffsetAndEpoch,
+    _Clients,
+    set_transaction_poll,
+)
 from sidecar.config import KafkaSettings
-from sidecar.core.errors import KafkaUnavailable
+from sidecar.core.errors import KafkaFailure, KafkaUnavailable
 
 
 @pytest.fixture
@@ -64,3 +75,89 @@ async def test_a_topic_metadata_never_lists_is_unavailable_after_the_request_tim
     # Asked again and again until the 300 ms request timeout had passed, not once.
     assert len(asked) > 2
     assert asked[-1] - asked[0] >= 0.3
+
+
+# Leader epochs: the gateway over a client that answers with a real broker's bytes ------
+
+_WIRE = json.loads((Path(__file__).parent / "data" / "kafka_wire.json").read_text())
+_KAFKA_4_3_VERSIONS = {3: (0, 13), 2: (1, 11), 23: (2, 4)}
+
+
+class _RecordedBroker:
+    """An aiokafka client whose broker answers each request with the next captured
+    answer of its API (``data/kafka_wire.json``), after aiokafka's own version choice."""
+
+    def __init__(self, answers: dict[int, list[str]], versions: dict[int, tuple[int, int]]):
+        self.answers = answers
+        self.versions = versions
+        self.sent: list[Any] = []
+
+    def get_random_node(self) -> int:
+        return 1
+
+    async def send(self, node: int, request: Any) -> Any:
+        struct = request.prepare(self.versions)
+        self.sent.append(struct)
+        name = self.answers[struct.API_KEY].pop(0)
+        buffer = BytesIO(bytes.fromhex(_WIRE["exchanges"][name]["response"]))
+        struct.parse_response_header(buffer)
+        return struct.RESPONSE_TYPE.decode(buffer)
+
+
+def _gateway_over(broker: _RecordedBroker) -> KafkaGateway:
+    gateway = KafkaGateway(KafkaSettings(request_timeout_ms=2000, retry_backoff_s=0.01))
+    gateway._clients = _Clients(producer=SimpleNamespace(client=broker), admin=None, consumer=None)
+    return gateway
+
+
+async def test_stable_offsets_carry_the_epoch_of_the_leader_that_answered() -> None:
+    broker = _RecordedBroker({3: ["metadata_v7"], 2: ["list_offsets_v5"]}, _KAFKA_4_3_VERSIONS)
+    ends = await _gateway_over(broker).stable_offsets(_WIRE["topic"], 1)
+    assert ends == [OffsetAndEpoch(8, _WIRE["epoch"])]
+    # Asked of the leader in the epoch the metadata named, for the last stable offset.
+    asked = broker.sent[-1].to_object()
+    assert asked["isolation_level"] == 1
+    assert asked["topics"][0]["partitions"] == [
+        {"partition": 0, "current_leader_epoch": _WIRE["epoch"], "timestamp": -1}
+    ]
+
+
+async def test_a_fenced_leader_epoch_is_asked_again_after_fresh_metadata() -> None:
+    broker = _RecordedBroker(
+        {3: ["metadata_v7", "metadata_v7"], 2: ["list_offsets_v5_stale_epoch", "list_offsets_v5"]},
+        _KAFKA_4_3_VERSIONS,
+    )
+    ends = await _gateway_over(broker).stable_offsets(_WIRE["topic"], 1)
+    assert ends == [OffsetAndEpoch(8, _WIRE["epoch"])]
+    assert [type(s).__name__ for s in broker.sent] == [
+        "MetadataRequest_v7",
+        "ListOffsetsRequest_v5",
+        "MetadataRequest_v7",
+        "ListOffsetsRequest_v5",
+    ]
+
+
+async def test_leader_epochs_come_from_the_metadata() -> None:
+    broker = _RecordedBroker({3: ["metadata_v7"]}, _KAFKA_4_3_VERSIONS)
+    epochs = await _gateway_over(broker).leader_epochs(_WIRE["topic"], 2)
+    assert epochs[0] == _WIRE["epoch"]
+    assert epochs[1] is not None
+
+
+async def test_an_epoch_ends_where_the_next_leader_began() -> None:
+    broker = _RecordedBroker(
+        {3: ["metadata_v7"], 23: ["offset_for_leader_epoch_v3_old"]}, _KAFKA_4_3_VERSIONS
+    )
+    ended = await _gateway_over(broker).epoch_end_offsets(_WIRE["topic"], {0: _WIRE["old_epoch"]})
+    assert ended == {0: OffsetAndEpoch(_WIRE["records_before_leader_change"], _WIRE["old_epoch"])}
+    asked = broker.sent[-1].to_object()["topics"][0]["partitions"]
+    assert asked == [
+        {"partition": 0, "current_leader_epoch": _WIRE["epoch"], "leader_epoch": _WIRE["old_epoch"]}
+    ]
+
+
+async def test_a_broker_without_leader_epochs_is_a_failure_not_an_outage() -> None:
+    # Kafka 2.0 announces Metadata up to v6: retrying would never help.
+    broker = _RecordedBroker({3: ["metadata_v7"]}, {3: (0, 6), 2: (0, 3), 23: (0, 1)})
+    with pytest.raises(KafkaFailure, match=r"Kafka 2\.1 or later"):
+        await _gateway_over(broker).leader_epochs(_WIRE["topic"], 1)

@@ -1,0 +1,92 @@
+"""Boundaries checked against log truncation before a topic changes (KIP-320).
+
+Before each partition-count change and each retirement round, every boundary of the
+topic's generation log that carries a leader epoch is checked with OffsetForLeaderEpoch
+(``sidecar.core.truncation``). A boundary the log no longer reaches means an unclean
+leader election truncated acknowledged records below it: the change or retirement is
+refused (``BoundaryTruncated``, 409); the number of such boundaries is the gauge
+``sidecar_truncated_boundaries``, and each one is logged and sent as a
+``boundary_truncated`` audit event the first time this sidecar finds it. The check is
+made again on every attempt, so the refusal stands for as long as the boundary is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sidecar.adapters.kafka import KafkaGateway
+from sidecar.audit import events as audit_events
+from sidecar.audit.emitter import AuditEmitter
+from sidecar.core.errors import BoundaryTruncated
+from sidecar.core.generations import GenerationLog
+from sidecar.core.truncation import TruncatedBoundary, epochs_to_check, truncated_boundaries
+from sidecar.metrics import SidecarMetrics
+
+_log = logging.getLogger(__name__)
+
+
+class BoundaryCheck:
+    def __init__(
+        self, kafka: KafkaGateway, metrics: SidecarMetrics, audit: AuditEmitter | None = None
+    ) -> None:
+        self.kafka = kafka
+        self.metrics = metrics
+        self.audit = audit
+        self._reported: set[tuple[str, TruncatedBoundary]] = set()
+        """What was logged and audited already: a retirement round repeats the check."""
+
+    async def truncated(self, topic: str, log: GenerationLog) -> list[TruncatedBoundary]:
+        """The boundaries of ``log`` that ``topic``'s partitions no longer reach.
+
+        Raises KafkaUnavailable, KafkaFailure.
+        """
+        ends: dict[tuple[int, int], int | None] = {}
+        for asked in epochs_to_check(log):
+            answered = await self.kafka.epoch_end_offsets(topic, asked)
+            for partition, epoch in asked.items():
+                end = answered.get(partition)
+                ends[(partition, epoch)] = None if end is None else end.offset
+        return truncated_boundaries(log, ends)
+
+    async def require_intact(self, topic: str, log: GenerationLog, before: str) -> None:
+        """Raise BoundaryTruncated if a boundary of ``log`` was lost; ``before`` names
+        what is refused. Raises KafkaUnavailable, KafkaFailure too."""
+        found = await self.truncated(topic, log)
+        label = self.metrics.topic_label(topic, exists=True)
+        self.metrics.truncated_boundaries.labels(label).set(len(found))
+        if not found:
+            return
+        for lost in found:
+            if (topic, lost) in self._reported:
+                continue
+            self._reported.add((topic, lost))
+            _log.error(
+                "%s[%d]: boundary %d of generation %d (leader epoch %d) is lost: that epoch "
+                "ends at %s on the current leader",
+                topic,
+                lost.partition,
+                lost.offset,
+                lost.generation,
+                lost.leader_epoch,
+                "an unknown offset" if lost.log_end is None else lost.log_end,
+            )
+            if self.audit is not None:
+                self.audit.emit(
+                    audit_events.boundary_truncated(
+                        topic=topic,
+                        generation=lost.generation,
+                        partition=lost.partition,
+                        boundary=lost.offset,
+                        leader_epoch=lost.leader_epoch,
+                        log_end=lost.log_end,
+                    )
+                )
+        where = ", ".join(
+            f"partition {lost.partition} (generation {lost.generation}, boundary "
+            f"{lost.offset}, log reaches {'?' if lost.log_end is None else lost.log_end})"
+            for lost in found
+        )
+        raise BoundaryTruncated(
+            f"{before} of {topic} refused: an unclean leader election truncated the log "
+            f"below boundaries of {where}"
+        )
