@@ -28,8 +28,9 @@ from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import ClusterEndpoints, secured_endpoints
 from ordered_dev.devcluster.security import LIMITED_USER, STRANGER_USER
 from sidecar.adapters.zookeeper import MetadataStore
-from sidecar.config import Secret, Settings
+from sidecar.config import KafkaSecuritySettings, Secret, Settings
 from sidecar.core.errors import MetadataNotAuthorized
+from tests.support.oauth_tokens import signed_token
 from tests.support.sidecars import running_sidecars, settings_environment, settings_for, unique
 
 
@@ -72,7 +73,10 @@ async def _serve_refused(settings: Settings) -> str:
 def _secrets(settings: Settings) -> list[str]:
     kafka, zookeeper = settings.kafka.security, settings.zookeeper.security
     values = [kafka.sasl_password, kafka.ssl_key_password, zookeeper.digest_password]
-    return [value.reveal() for value in values if value]
+    secrets = [value.reveal() for value in values if value]
+    if kafka.oauth_token_file:  # a bearer token is a credential too
+        secrets.append(Path(kafka.oauth_token_file).read_text().strip())
+    return secrets
 
 
 def _settings(cluster: LocalCluster, identity: str = "scram", user: str = "sidecar") -> Settings:
@@ -130,6 +134,23 @@ def _missing_file(cluster: LocalCluster) -> Settings:
     return _with_kafka(_settings(cluster), ssl_cafile="/nonexistent/ca.pem")
 
 
+def _oauth_token_for_another_audience(cluster: LocalCluster) -> Settings:
+    # Kafka answers such a token with an error challenge, not an error code: the
+    # sidecar used to take it for accepted and wait for metadata forever.
+    token_file = Path(cluster.material.directory) / f"{unique('token')}.jwt"
+    token_file.write_text(signed_token(cluster, audience="billing"))
+    settings = _settings(cluster)
+    security = KafkaSecuritySettings(
+        protocol="SASL_SSL",
+        ssl_cafile=cluster.material.ca,
+        sasl_mechanism="OAUTHBEARER",
+        oauth_token_file=str(token_file),
+    )
+    return dataclasses.replace(
+        settings, kafka=dataclasses.replace(settings.kafka, security=security)
+    )
+
+
 def _principal_without_acls(cluster: LocalCluster) -> Settings:
     return _settings(cluster, user=STRANGER_USER)
 
@@ -153,6 +174,11 @@ def _zookeeper_system_cas_only(cluster: LocalCluster) -> Settings:
         (_untrusted_client_certificate, "kafka.security.ssl_certfile: broker"),
         (_wrong_key_password, "kafka.security.ssl_keyfile: cannot use"),
         (_missing_file, "kafka.security.ssl_cafile: /nonexistent/ca.pem does not exist"),
+        (
+            _oauth_token_for_another_audience,
+            "kafka.security.oauth_token_file: Kafka refused the OAUTHBEARER token "
+            "(the token has aud 'billing'",
+        ),
         (_principal_without_acls, "not authorized"),
         (_zookeeper_wrong_password, "zookeeper.security.digest_username / digest_password"),
         (_zookeeper_system_cas_only, "zookeeper.security.ssl_cafile: "),
