@@ -303,6 +303,33 @@ class LocalCluster:
         """Allow ``principal`` (``User:name``) operations on ``resources`` of a secured
         cluster, each ``<type>:<literal|prefixed>:<name>[:<operation>]`` (ALL unless
         given; ``java/GrantAcls.java``)."""
+        self._run_admin_tool("GrantAcls.java", principal, *resources, what="granting ACLs")
+
+    def set_scram_credential(
+        self, user: str, password: str | None, mechanism: str = "SCRAM-SHA-512"
+    ) -> None:
+        """Create or change ``user``'s SCRAM credential for ``mechanism`` on a running
+        secured cluster, or delete it (``password`` None): Kafka checks it at every new
+        connection (``java/ScramCredentials.java``)."""
+        if password is None:
+            self._run_admin_tool(
+                "ScramCredentials.java", "delete", user, mechanism, what="deleting a credential"
+            )
+        else:
+            self._run_admin_tool(
+                "ScramCredentials.java",
+                "upsert",
+                user,
+                mechanism,
+                what="setting a credential",
+                stdin=password + "\n",
+            )
+
+    def _run_admin_tool(
+        self, source_name: str, *arguments: str, what: str, stdin: str | None = None
+    ) -> None:
+        """Run one of ``java/`` (a single-file program over the Admin API of the
+        installed kafka-clients) as the ``admin`` super user."""
         material = self.material
         config = Path(material.directory) / "admin.properties"
         password = material.passwords[ADMIN_USER]
@@ -316,7 +343,7 @@ class LocalCluster:
             f"ssl.truststore.location={material.ca}\n"
         )
         installed = self._require_installed()
-        source = Path(__file__).parent / "java" / "GrantAcls.java"
+        source = Path(__file__).parent / "java" / source_name
         result = subprocess.run(
             [
                 installed.java,
@@ -325,18 +352,16 @@ class LocalCluster:
                 installed.kafka_classpath,
                 str(source),
                 str(config),
-                principal,
-                *resources,
+                *arguments,
             ],
+            input=stdin,
             capture_output=True,
             text=True,
             check=False,
             timeout=120,
         )
         if result.returncode != 0:
-            raise DevClusterError(
-                f"granting ACLs failed:\n{(result.stdout + result.stderr)[-3000:]}"
-            )
+            raise DevClusterError(f"{what} failed:\n{(result.stdout + result.stderr)[-3000:]}")
 
     def admin_client_arguments(self) -> dict[str, Any]:
         """aiokafka arguments of a super user at ``kafka_bootstrap`` (none: PLAINTEXT)."""
