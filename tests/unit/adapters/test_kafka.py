@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import Iterator
 
 import pytest
+from aiokafka.errors import NodeNotReadyError
 from aiokafka.producer import sender as aiokafka_sender
 
-from sidecar.adapters.kafka import KafkaGateway, set_transaction_poll
+from sidecar.adapters import kafka as kafka_adapter
+from sidecar.adapters.kafka import KafkaGateway, refused_identity, set_transaction_poll
 from sidecar.config import KafkaSettings
-from sidecar.core.errors import KafkaUnavailable
+from sidecar.core.errors import KafkaAuthenticationFailed, KafkaUnavailable
 
 
 @pytest.fixture
@@ -64,3 +67,55 @@ async def test_a_topic_metadata_never_lists_is_unavailable_after_the_request_tim
     # Asked again and again until the 300 ms request timeout had passed, not once.
     assert len(asked) > 2
     assert asked[-1] - asked[0] >= 0.3
+
+
+# Credentials refused at run time ----------------------------------------------------------
+
+
+def _gateway_that_cannot_reach_a_node(
+    monkeypatch: pytest.MonkeyPatch, diagnosis: KafkaAuthenticationFailed | None
+) -> KafkaGateway:
+    async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
+        return diagnosis
+
+    monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
+    return KafkaGateway(KafkaSettings(request_timeout_ms=200, retry_backoff_s=0.01))
+
+
+async def _no_connection() -> None:
+    # What aiokafka raises when it cannot connect to a node (it logs the reason).
+    raise NodeNotReadyError("Attempt to send a request to node which is not ready")
+
+
+async def test_a_read_that_cannot_connect_because_credentials_are_refused_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refused = KafkaAuthenticationFailed(
+        "kafka.security.sasl_username / kafka.security.sasl_password: Kafka refused ..."
+    )
+    gateway = _gateway_that_cannot_reach_a_node(monkeypatch, refused)
+    with pytest.raises(KafkaAuthenticationFailed) as caught:
+        await gateway._retrying(_no_connection, "reading metadata of orders")
+    assert caught.value.error_code == 50370
+    assert caught.value.message.startswith("reading metadata of orders: kafka.security.sasl_")
+
+
+async def test_a_read_that_cannot_connect_to_a_cluster_away_is_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gateway = _gateway_that_cannot_reach_a_node(monkeypatch, None)
+    with pytest.raises(KafkaUnavailable):
+        await gateway._retrying(_no_connection, "reading metadata of orders")
+
+
+async def test_a_diagnosis_that_takes_too_long_tells_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
+        await asyncio.sleep(10)
+        return KafkaAuthenticationFailed("too late")
+
+    monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
+    began = time.monotonic()
+    assert await refused_identity(KafkaSettings(request_timeout_ms=200)) is None
+    assert time.monotonic() - began < 1.0
