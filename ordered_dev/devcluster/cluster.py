@@ -484,8 +484,9 @@ class LocalCluster:
             "kafka.tools.StorageTool",
             "format",
             "--ignore-formatted",
-            "-t",
-            state.cluster_id,
+            # One argument: an id is URL-safe base64 and may start with "-", which the
+            # tool would take for an option (1 start in 64 failed).
+            f"--cluster-id={state.cluster_id}",
             "-c",
             str(properties),
             *(self.material.scram_arguments() if self.security else []),
