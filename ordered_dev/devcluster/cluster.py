@@ -89,6 +89,9 @@ class ClusterState:
     """Secured clusters: each node's mutual-TLS listener (``kafka_ports`` is SASL_SSL)."""
     secure_zookeeper_port: int = 0
     """Secured clusters: ZooKeeper's TLS client port."""
+    plaintext_ports: dict[str, int] = field(default_factory=dict)
+    """Secured clusters started with ``plaintext_listener``: each node's PLAINTEXT
+    listener beside the secured ones (the produce benchmark compares the two)."""
 
     @classmethod
     def load(cls, path: Path) -> ClusterState:
@@ -130,11 +133,15 @@ class LocalCluster:
         broker_count: int = 3,
         installed: InstalledServers | None = None,
         security: str = "",
+        plaintext_listener: bool = False,
     ) -> None:
         if security and security not in SECURITY_MODES:
             raise DevClusterError(f"unknown security mode {security!r}: {SECURITY_MODES}")
+        if plaintext_listener and not security:
+            raise DevClusterError("plaintext_listener is for a secured cluster")
         self.work_dir = work_dir.resolve()
         self.broker_count = broker_count
+        self._plaintext_listener = plaintext_listener
         self._installed = installed
         state_path = self.work_dir / STATE_FILE
         self.state: ClusterState | None = (
@@ -164,6 +171,14 @@ class LocalCluster:
         """A secured cluster's mutual-TLS listeners."""
         state = self._require_state()
         return ",".join(f"127.0.0.1:{port}" for port in state.mtls_ports.values())
+
+    @property
+    def plaintext_bootstrap(self) -> str:
+        """A secured cluster's PLAINTEXT listeners (started with ``plaintext_listener``)."""
+        state = self._require_state()
+        if not state.plaintext_ports:
+            raise DevClusterError("this cluster was started without a PLAINTEXT listener")
+        return ",".join(f"127.0.0.1:{port}" for port in state.plaintext_ports.values())
 
     @property
     def zookeeper_tls_hosts(self) -> str:
@@ -389,8 +404,9 @@ class LocalCluster:
 
     def _new_state(self) -> ClusterState:
         nodes = [str(n) for n in self.node_ids()]
-        ports = free_ports(2 + 3 * len(nodes))
+        ports = free_ports(2 + 4 * len(nodes))
         secured = bool(self.security)
+        plaintext = ports[2 + 3 * len(nodes) :]
         return ClusterState(
             cluster_id=base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="),
             zookeeper_port=ports[0],
@@ -401,6 +417,9 @@ class LocalCluster:
             if secured
             else {},
             secure_zookeeper_port=ports[1] if secured else 0,
+            plaintext_ports=dict(zip(nodes, plaintext, strict=True))
+            if self._plaintext_listener
+            else {},
         )
 
     def _spawn_zookeeper(self) -> None:
@@ -467,6 +486,7 @@ class LocalCluster:
                 state.kafka_ports[node],
                 state.mtls_ports[node],
                 state.controller_ports[node],
+                state.plaintext_ports.get(node),
             )
         return kafka_properties(
             node_id, state.kafka_ports, state.controller_ports, log_dir, overrides
