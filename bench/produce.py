@@ -2,7 +2,12 @@
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.produce [--quick] [--no-java] [--profile FILE]
+    .venv/bin/python -m bench.produce [--quick] [--no-java] [--profile FILE] [--only PART]
+
+``--only main`` measures the rows below, ``--only security`` only the security row
+(``bench.produce_security``: managed produce over SASL_SSL with SCRAM against PLAINTEXT,
+on a secured cluster of its own); without it one run measures both, the security row
+last, once the main cluster has stopped.
 
 Both paths are measured in the same run, against the same cluster, alternating, so the
 ratio between them is meaningful even where the absolute figures are not (the load
@@ -61,7 +66,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import aiohttp
 from aiokafka import AIOKafkaProducer
@@ -79,8 +84,13 @@ from ordered_dev.devcluster.install import (
 from ordered_dev.devcluster.provider import ClusterEndpoints, provide_cluster
 from sidecar.adapters.kafka import OutgoingKafkaRecord, SentRecord
 from sidecar.adapters.transactions import TransactionalWriter
-from sidecar.config import KafkaSettings
+from sidecar.config import KafkaSecuritySettings, KafkaSettings, Secret
 from sidecar.core.procedures import incarnation_ids
+
+if TYPE_CHECKING:
+    from bench.produce_security import SecurityResult
+
+    AllResults = tuple[list["SizeResult"], list[SecurityResult]]
 
 PARTITIONS = 6
 KEY_BYTES = 16
@@ -373,6 +383,7 @@ async def sidecar_process(
         "ORDERED_SIDECAR__HTTP__OPS_PORT": "0",
         "ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "true",
         "ORDERED_SIDECAR__HTTP__ADMIN_TOKEN": ADMIN_TOKEN,
+        **kafka_security_environment(cluster.kafka_security),
     }
     process = await asyncio.create_subprocess_exec(
         str(Path(sys.executable).with_name("sidecar")),
@@ -400,6 +411,25 @@ async def sidecar_process(
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+def kafka_security_environment(security: KafkaSecuritySettings) -> dict[str, str]:
+    """``security`` as the ``ORDERED_SIDECAR__KAFKA__SECURITY__*`` variables ``sidecar
+    serve`` reads (the settings that differ from the defaults)."""
+    defaults = KafkaSecuritySettings()
+    env = {}
+    for setting in dataclasses.fields(security):
+        value = getattr(security, setting.name)
+        if value == getattr(defaults, setting.name):
+            continue
+        if isinstance(value, Secret):
+            text = value.reveal()
+        elif isinstance(value, bool):
+            text = str(value).lower()
+        else:
+            text = str(value)
+        env[f"ORDERED_SIDECAR__KAFKA__SECURITY__{setting.name.upper()}"] = text
+    return env
 
 
 async def create_managed_topic(sidecar: Sidecar, topic: str, replication_factor: int) -> None:
@@ -1143,20 +1173,52 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # Imported here: the security row builds on this module's helpers.
+    from bench.produce_security import render_security, run_security
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short phases, one round, no Java")
     parser.add_argument("--no-java", action="store_true", help="skip Kafka's ProducerPerformance")
     parser.add_argument(
         "--profile", type=Path, help="also record the sidecar with py-spy (raw stacks) to FILE"
     )
+    parser.add_argument(
+        "--only",
+        choices=("main", "security"),
+        help="main: every row but the security one; security: only SASL_SSL against "
+        "PLAINTEXT, on a secured cluster of its own",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     java = not (args.quick or args.no_java)
+
+    async def measure(log: IO[bytes]) -> tuple[AllResults, str]:
+        main_results: list[SizeResult] = []
+        security_results: list[SecurityResult] = []
+        ran_against = []
+        if args.only in (None, "main"):
+            main_results, kafka = await run(plan, java, args.profile, log)
+            ran_against.append(kafka)
+        if args.only in (None, "security"):
+            security_results, kafka = await run_security(plan, log)
+            ran_against.append(kafka)
+        return (main_results, security_results), "; ".join(ran_against)
+
+    def render_all(results: AllResults) -> list[str]:
+        main_results, security_results = results
+        lines = render(main_results, plan) if main_results else []
+        if security_results:
+            lines += [*([""] if lines else []), *render_security(security_results, plan)]
+        return lines
+
+    # A run of the security row alone keeps its own result file: the main one stays whole.
+    alone = args.only == "security"
     measure_and_write(
-        "produce",
-        "Produce benchmark",
-        lambda log: run(plan, java, args.profile, log),
-        lambda results: render(results, plan),
+        "produce_security" if alone else "produce",
+        "Produce benchmark: SASL_SSL against PLAINTEXT" if alone else "Produce benchmark",
+        measure,
+        render_all,
+        module="bench.produce",
     )
 
 

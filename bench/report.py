@@ -55,11 +55,13 @@ def measure_and_write(
     title: str,
     measure: Callable[[IO[bytes]], Coroutine[Any, Any, tuple[Results, str]]],
     render: Callable[[Results], list[str]],
+    module: str | None = None,
 ) -> None:
     """Run ``measure`` (given a log file for the sidecars, kept only when it fails; it
     returns its results and what it ran against), print ``render`` of them and write
     them to ``results/<name>.md`` under the machine's description, whose load average
-    is read before the cluster starts."""
+    is read before the cluster starts. ``module`` is what ran (``bench.<name>`` if
+    None), for the command in the header."""
     header_machine = machine_lines("…")
     began = time.monotonic()
     with tempfile.NamedTemporaryFile(prefix="bench-sidecar-", suffix=".log", delete=False) as log:
@@ -70,7 +72,8 @@ def measure_and_write(
             line if not line.startswith("- Kafka:") else f"- Kafka: {kafka}"
             for line in header_machine
         ),
-        f"- command: `{command_line(f'bench.{name}')}` ({time.monotonic() - began:.0f} s)",
+        f"- command: `{command_line(module or f'bench.{name}')}` "
+        f"({time.monotonic() - began:.0f} s)",
     ]
     body = render(results)
     print("\n".join(body))

@@ -89,6 +89,9 @@ class ClusterState:
     """Secured clusters: each node's mutual-TLS listener (``kafka_ports`` is SASL_SSL)."""
     secure_zookeeper_port: int = 0
     """Secured clusters: ZooKeeper's TLS client port."""
+    plaintext_ports: dict[str, int] = field(default_factory=dict)
+    """Secured clusters started with ``plaintext_listener``: each node's PLAINTEXT
+    listener beside the secured ones (the produce benchmark compares the two)."""
 
     @classmethod
     def load(cls, path: Path) -> ClusterState:
@@ -130,11 +133,15 @@ class LocalCluster:
         broker_count: int = 3,
         installed: InstalledServers | None = None,
         security: str = "",
+        plaintext_listener: bool = False,
     ) -> None:
         if security and security not in SECURITY_MODES:
             raise DevClusterError(f"unknown security mode {security!r}: {SECURITY_MODES}")
+        if plaintext_listener and not security:
+            raise DevClusterError("plaintext_listener is for a secured cluster")
         self.work_dir = work_dir.resolve()
         self.broker_count = broker_count
+        self._plaintext_listener = plaintext_listener
         self._installed = installed
         state_path = self.work_dir / STATE_FILE
         self.state: ClusterState | None = (
@@ -164,6 +171,14 @@ class LocalCluster:
         """A secured cluster's mutual-TLS listeners."""
         state = self._require_state()
         return ",".join(f"127.0.0.1:{port}" for port in state.mtls_ports.values())
+
+    @property
+    def plaintext_bootstrap(self) -> str:
+        """A secured cluster's PLAINTEXT listeners (started with ``plaintext_listener``)."""
+        state = self._require_state()
+        if not state.plaintext_ports:
+            raise DevClusterError("this cluster was started without a PLAINTEXT listener")
+        return ",".join(f"127.0.0.1:{port}" for port in state.plaintext_ports.values())
 
     @property
     def zookeeper_tls_hosts(self) -> str:
@@ -303,6 +318,33 @@ class LocalCluster:
         """Allow ``principal`` (``User:name``) operations on ``resources`` of a secured
         cluster, each ``<type>:<literal|prefixed>:<name>[:<operation>]`` (ALL unless
         given; ``java/GrantAcls.java``)."""
+        self._run_admin_tool("GrantAcls.java", principal, *resources, what="granting ACLs")
+
+    def set_scram_credential(
+        self, user: str, password: str | None, mechanism: str = "SCRAM-SHA-512"
+    ) -> None:
+        """Create or change ``user``'s SCRAM credential for ``mechanism`` on a running
+        secured cluster, or delete it (``password`` None): Kafka checks it at every new
+        connection (``java/ScramCredentials.java``)."""
+        if password is None:
+            self._run_admin_tool(
+                "ScramCredentials.java", "delete", user, mechanism, what="deleting a credential"
+            )
+        else:
+            self._run_admin_tool(
+                "ScramCredentials.java",
+                "upsert",
+                user,
+                mechanism,
+                what="setting a credential",
+                stdin=password + "\n",
+            )
+
+    def _run_admin_tool(
+        self, source_name: str, *arguments: str, what: str, stdin: str | None = None
+    ) -> None:
+        """Run one of ``java/`` (a single-file program over the Admin API of the
+        installed kafka-clients) as the ``admin`` super user."""
         material = self.material
         config = Path(material.directory) / "admin.properties"
         password = material.passwords[ADMIN_USER]
@@ -316,7 +358,7 @@ class LocalCluster:
             f"ssl.truststore.location={material.ca}\n"
         )
         installed = self._require_installed()
-        source = Path(__file__).parent / "java" / "GrantAcls.java"
+        source = Path(__file__).parent / "java" / source_name
         result = subprocess.run(
             [
                 installed.java,
@@ -325,18 +367,16 @@ class LocalCluster:
                 installed.kafka_classpath,
                 str(source),
                 str(config),
-                principal,
-                *resources,
+                *arguments,
             ],
+            input=stdin,
             capture_output=True,
             text=True,
             check=False,
             timeout=120,
         )
         if result.returncode != 0:
-            raise DevClusterError(
-                f"granting ACLs failed:\n{(result.stdout + result.stderr)[-3000:]}"
-            )
+            raise DevClusterError(f"{what} failed:\n{(result.stdout + result.stderr)[-3000:]}")
 
     def admin_client_arguments(self) -> dict[str, Any]:
         """aiokafka arguments of a super user at ``kafka_bootstrap`` (none: PLAINTEXT)."""
@@ -364,8 +404,9 @@ class LocalCluster:
 
     def _new_state(self) -> ClusterState:
         nodes = [str(n) for n in self.node_ids()]
-        ports = free_ports(2 + 3 * len(nodes))
+        ports = free_ports(2 + 4 * len(nodes))
         secured = bool(self.security)
+        plaintext = ports[2 + 3 * len(nodes) :]
         return ClusterState(
             cluster_id=base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="),
             zookeeper_port=ports[0],
@@ -376,6 +417,9 @@ class LocalCluster:
             if secured
             else {},
             secure_zookeeper_port=ports[1] if secured else 0,
+            plaintext_ports=dict(zip(nodes, plaintext, strict=True))
+            if self._plaintext_listener
+            else {},
         )
 
     def _spawn_zookeeper(self) -> None:
@@ -442,6 +486,7 @@ class LocalCluster:
                 state.kafka_ports[node],
                 state.mtls_ports[node],
                 state.controller_ports[node],
+                state.plaintext_ports.get(node),
             )
         return kafka_properties(
             node_id, state.kafka_ports, state.controller_ports, log_dir, overrides
@@ -459,8 +504,9 @@ class LocalCluster:
             "kafka.tools.StorageTool",
             "format",
             "--ignore-formatted",
-            "-t",
-            state.cluster_id,
+            # One argument: an id is URL-safe base64 and may start with "-", which the
+            # tool would take for an option (1 start in 64 failed).
+            f"--cluster-id={state.cluster_id}",
             "-c",
             str(properties),
             *(self.material.scram_arguments() if self.security else []),

@@ -160,9 +160,16 @@ class SecurityMaterial:
 
 
 def kafka_security_properties(
-    material: SecurityMaterial, node_id: int, sasl_port: int, mtls_port: int, controller_port: int
+    material: SecurityMaterial,
+    node_id: int,
+    sasl_port: int,
+    mtls_port: int,
+    controller_port: int,
+    plaintext_port: int | None = None,
 ) -> dict[str, object]:
-    """The server.properties lines of a secured node (listeners, TLS, SASL, ACLs)."""
+    """The server.properties lines of a secured node (listeners, TLS, SASL, ACLs), with
+    a PLAINTEXT listener too if ``plaintext_port`` is given (its clients are
+    ``User:ANONYMOUS``, a super user here: only for comparing the cost of security)."""
     jwks_url = Path(material.jwks).as_uri()
     supers = [
         "User:CN=broker",
@@ -173,14 +180,16 @@ def kafka_security_properties(
         "User:ANONYMOUS",
     ]
     scram_login = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    advertised = f"SASL_SSL://127.0.0.1:{sasl_port},SSL://127.0.0.1:{mtls_port}"
+    protocols = "SASL_SSL:SASL_SSL,SSL:SSL,CONTROLLER:PLAINTEXT"
+    if plaintext_port is not None:
+        advertised += f",PLAINTEXT://127.0.0.1:{plaintext_port}"
+        protocols += ",PLAINTEXT:PLAINTEXT"
     return {
-        "listeners": (
-            f"SASL_SSL://127.0.0.1:{sasl_port},SSL://127.0.0.1:{mtls_port},"
-            f"CONTROLLER://127.0.0.1:{controller_port}"
-        ),
-        "advertised.listeners": f"SASL_SSL://127.0.0.1:{sasl_port},SSL://127.0.0.1:{mtls_port}",
+        "listeners": f"{advertised},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": advertised,
         "inter.broker.listener.name": "SSL",
-        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,SSL:SSL,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": protocols,
         "ssl.keystore.type": "PEM",
         "ssl.keystore.location": material.broker.combined,
         "ssl.truststore.type": "PEM",

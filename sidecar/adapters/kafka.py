@@ -69,7 +69,7 @@ from sidecar.adapters.kafka_security import (
     diagnose,
     security_arguments,
 )
-from sidecar.config import KafkaSettings
+from sidecar.config import ConfigError, KafkaSettings
 from sidecar.core.errors import (
     InvalidPartitionCount,
     KafkaAuthenticationFailed,
@@ -144,6 +144,7 @@ class SendFailed(Exception):
         maybe_appended: bool,
         retriable: bool | None = None,
         not_authorized: bool = False,
+        identity_refused: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -152,6 +153,9 @@ class SendFailed(Exception):
         """Sending the record again is what the client should do (nothing was refused)."""
         self.not_authorized = not_authorized
         """Kafka's ACLs refused this sidecar's principal the topic (nothing was appended)."""
+        self.identity_refused = identity_refused
+        """Kafka refused this sidecar's credentials or certificate when it connected
+        again (nothing was appended); ``message`` names the setting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -741,7 +745,11 @@ class KafkaGateway:
         return self._clients
 
     async def _retrying(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
-        """Run a read-only request, retrying retriable errors until the request timeout."""
+        """Run a read-only request, retrying retriable errors until the request timeout.
+
+        Raises KafkaAuthenticationFailed when no connection could be made because Kafka
+        refuses this sidecar's credentials (revoked while it runs), KafkaUnavailable
+        for other retriable errors, and the translation of the others."""
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
@@ -750,6 +758,9 @@ class KafkaGateway:
                 if not (exc.retriable or isinstance(exc, KafkaTimeoutError)):
                     raise _translated(exc, what) from exc
                 if time.monotonic() + self._settings.retry_backoff_s > deadline:
+                    refused = await refused_identity(self._settings)
+                    if refused is not None:
+                        raise KafkaAuthenticationFailed(f"{what}: {refused.message}") from exc
                     raise KafkaUnavailable(f"{what}: {exc}") from exc
             await asyncio.sleep(self._settings.retry_backoff_s)
 
@@ -850,6 +861,23 @@ async def start_transactional_producer(settings: KafkaSettings, transactional_id
         message = f"initialising transactional id {transactional_id}: {reason}"
         raise KafkaUnavailable(message) from exc
     return producer
+
+
+async def refused_identity(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
+    """Whether Kafka now refuses this sidecar's credentials or certificate: one new
+    connection to a bootstrap broker (``kafka_security.diagnose``), given half the
+    request timeout (None when it could not tell by then).
+
+    aiokafka's clients swallow a refused connection (they log it, and wait for the node
+    as for one that is away), so a credential revoked while the sidecar runs shows as
+    requests that time out; a failure that Kafka did not answer asks this before it is
+    reported as Kafka being unavailable."""
+    try:
+        return await asyncio.wait_for(diagnose(settings), settings.request_timeout_ms / 2000)
+    except TimeoutError:
+        return None
+    except ConfigError as exc:  # a password file that went away meanwhile
+        return KafkaAuthenticationFailed(str(exc))
 
 
 def set_transaction_poll(poll_ms: float) -> None:

@@ -14,7 +14,8 @@ its connection arguments from here, so that no client connects with half of them
 * OAUTHBEARER: an aiokafka token provider. ``ClientCredentialsTokens`` asks the OIDC
   token endpoint (client-credentials grant) and keeps the token until 80 % of its
   lifetime has passed; ``FileTokens`` reads the file a platform agent rotates at every
-  new connection.
+  new connection. A token the brokers refuse fails the connection
+  (``TokenRefusalAwareAuthenticator``) instead of passing for accepted.
 * ``diagnose``: when a client cannot start, one connection to a bootstrap broker tells
   a refused credential or certificate (KafkaAuthenticationFailed, naming the setting)
   from a broker that is merely away.
@@ -29,6 +30,7 @@ import base64
 import contextlib
 import datetime
 import inspect
+import json
 import ssl
 import time
 from collections.abc import Mapping
@@ -40,7 +42,7 @@ import aiohttp
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.conn import create_conn
+from aiokafka.conn import AIOKafkaConnection, OAuthAuthenticator, create_conn
 from aiokafka.errors import KafkaError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
 from cryptography import x509
 
@@ -69,6 +71,7 @@ def security_arguments(security: KafkaSecuritySettings) -> dict[str, Any]:
     if security.sasl:
         arguments["sasl_mechanism"] = security.sasl_mechanism
         if security.sasl_mechanism == "OAUTHBEARER":
+            install_token_refusal_check()
             arguments["sasl_oauth_token_provider"] = token_provider(security)
         else:
             arguments["sasl_plain_username"] = security.sasl_username
@@ -237,6 +240,69 @@ def token_provider(security: KafkaSecuritySettings) -> AbstractTokenProvider:
     return provider
 
 
+class TokenRefusalAwareAuthenticator(OAuthAuthenticator):  # type: ignore[misc]
+    """aiokafka's OAUTHBEARER exchange, ended as RFC 7628 §3.2.2 asks when the server
+    refuses the token.
+
+    A broker that refuses a token (Kafka's JWT validator: another audience, issuer or
+    key, an expired token) does not answer SaslAuthenticate with an error: it answers
+    success with an error challenge, ``{"status":"invalid_token"}``, and waits for the
+    client's ``%x01`` before it fails the exchange. aiokafka 0.14 ends the exchange once
+    its token is sent, whatever the answer, and takes the connection for authenticated;
+    the broker then answers the next request with an empty error response (Metadata
+    without brokers) and closes, so every client waited for metadata forever. Sending
+    the ``%x01`` makes the broker fail the exchange, which aiokafka raises as
+    ``SaslAuthenticationFailed``."""
+
+    def __init__(self, *, sasl_oauth_token_provider: AbstractTokenProvider) -> None:
+        super().__init__(sasl_oauth_token_provider=sasl_oauth_token_provider)
+        self._refusal_acknowledged = False
+
+    async def step(self, payload: bytes | None) -> tuple[bytes, bool] | None:
+        if self._token_sent and payload and not self._refusal_acknowledged:
+            self._refusal_acknowledged = True
+            return OAUTHBEARER_REFUSAL_ACKNOWLEDGEMENT, True
+        return await super().step(payload)  # type: ignore[no-any-return]
+
+
+OAUTHBEARER_REFUSAL_ACKNOWLEDGEMENT = b"\x01"
+"""RFC 7628 §3.2.3: the client's answer to an error challenge."""
+
+
+def _token_refusal_aware(connection: AIOKafkaConnection) -> TokenRefusalAwareAuthenticator:
+    return TokenRefusalAwareAuthenticator(
+        sasl_oauth_token_provider=connection._sasl_oauth_token_provider
+    )
+
+
+def install_token_refusal_check() -> None:
+    """Make every aiokafka connection of the process use
+    ``TokenRefusalAwareAuthenticator`` for OAUTHBEARER. aiokafka builds the
+    authenticator inside the connection and takes no factory, so the connection's
+    method is replaced; ``tests/unit/adapters/test_kafka_security.py`` checks that
+    aiokafka still calls it."""
+    AIOKafkaConnection.authenticator_oauth = _token_refusal_aware
+
+
+def token_claims(token: str) -> str:
+    """What Kafka's validator checks of a JWT, for a message: its audience, subject and
+    expiry (read, not verified; never the token or its signature). Empty for a token
+    that is not a JWT."""
+    try:
+        encoded = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+    except (IndexError, ValueError):
+        return ""
+    if not isinstance(claims, dict):
+        return ""
+    parts = [f"{name} {claims[name]!r}" for name in ("aud", "sub", "iss") if name in claims]
+    expiry = claims.get("exp")
+    if isinstance(expiry, int | float):
+        moment = datetime.datetime.fromtimestamp(expiry, datetime.UTC)
+        parts.append(f"exp {moment:%Y-%m-%d %H:%M:%S} UTC")
+    return ", ".join(parts)
+
+
 # Pass-through settings --------------------------------------------------------------------
 
 
@@ -301,7 +367,8 @@ async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
         except KafkaAuthenticationFailed as exc:
             return exc
         except (SaslAuthenticationFailed, UnsupportedSaslMechanismError) as exc:
-            return KafkaAuthenticationFailed(_sasl_message(settings.security, exc))
+            claims = await _presented_claims(settings.security)
+            return KafkaAuthenticationFailed(_sasl_message(settings.security, exc, claims))
         except ssl.SSLCertVerificationError as exc:
             return KafkaAuthenticationFailed(_verification_message(settings.security, host, exc))
         except ssl.SSLError as exc:
@@ -325,14 +392,30 @@ def _bootstrap_addresses(bootstrap: str) -> list[tuple[str, int]]:
     return addresses
 
 
-def _sasl_message(security: KafkaSecuritySettings, exc: Exception) -> str:
+async def _presented_claims(security: KafkaSecuritySettings) -> str:
+    """The claims of the OAUTHBEARER token the sidecar presents (empty otherwise)."""
+    if security.sasl_mechanism != "OAUTHBEARER":
+        return ""
+    try:
+        return token_claims(await token_provider(security).token())
+    except KafkaAuthenticationFailed:
+        return ""
+
+
+def _sasl_message(security: KafkaSecuritySettings, exc: Exception, claims: str = "") -> str:
     if security.sasl_mechanism == "OAUTHBEARER":
         source = (
             f"{_PREFIX}oauth_token_file"
             if security.oauth_token_file
             else f"{_PREFIX}oauth_token_endpoint"
         )
-        return f"{source}: Kafka refused the OAUTHBEARER token: {_kafka_reason(exc)}"
+        # Kafka says only "invalid_token"; its validator logs which check failed. The
+        # token's own claims usually show it (another audience, an expired token).
+        presented = f" (the token has {claims})" if claims else ""
+        return (
+            f"{source}: Kafka refused the OAUTHBEARER token{presented}: {_kafka_reason(exc)}; "
+            f"the brokers check its signature, issuer, audience and expiry"
+        )
     return (
         f"{_PREFIX}sasl_username / {_PREFIX}sasl_password: Kafka refused the "
         f"{security.sasl_mechanism} credentials of {security.sasl_username!r}: "

@@ -22,6 +22,13 @@ order (``TransactionalWriter``). A request is answered once its transaction has 
   ``SendFailed`` with ``maybe_appended`` True. ``WriteResult.settled`` completes once
   the transaction can no longer change outcome, which the barrier waits for.
 
+A transaction that failed before its commit was asked for, without an answer from Kafka
+(its connections could not be made again), asks whether Kafka refuses this sidecar's
+credentials now (``refused_identity``: revoked, or a password changed, while it runs).
+If so its requests, those queued and every later one fail with ``identity_refused``
+(nothing appended) until the credentials work again, instead of waiting for a
+transaction that cannot begin.
+
 Anything that leaves a transaction in doubt (an error, a timeout) is ended by
 re-initialising the producer under the same id: Kafka completes or aborts the open
 transaction before it answers. That re-initialisation also takes the id back from
@@ -43,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka.errors import KafkaError
+from aiokafka.errors import BrokerResponseError, KafkaError
 
 from sidecar.adapters.kafka import (
     FENCED_ERRORS,
@@ -52,11 +59,17 @@ from sidecar.adapters.kafka import (
     SentRecord,
     await_partition_count,
     enqueue,
+    refused_identity,
     sent_record,
     start_transactional_producer,
 )
-from sidecar.config import KafkaSettings
-from sidecar.core.errors import KafkaUnavailable, ProducerFenced, SidecarError
+from sidecar.config import ConfigError, KafkaSettings
+from sidecar.core.errors import (
+    KafkaAuthenticationFailed,
+    KafkaUnavailable,
+    ProducerFenced,
+    SidecarError,
+)
 from sidecar.core.placement import WARM_HEADER
 
 _log = logging.getLogger(__name__)
@@ -91,9 +104,20 @@ class _Request:
 
     def fail(self, message: str, *, maybe_appended: bool, settled: bool) -> None:
         """Answer every record with the same failure (retriable: nothing was refused)."""
-        outcomes: list[Outcome] = [
-            SendFailed(message, maybe_appended=maybe_appended, retriable=True)
-        ] * len(self.records)
+        self._answer_all(
+            SendFailed(message, maybe_appended=maybe_appended, retriable=True), settled=settled
+        )
+
+    def refuse(self, refusal: KafkaAuthenticationFailed) -> None:
+        """Answer every record: Kafka refuses this sidecar's credentials, nothing of the
+        request was appended (settled: no commit was asked for)."""
+        failure = SendFailed(
+            refusal.message, maybe_appended=False, retriable=False, identity_refused=True
+        )
+        self._answer_all(failure, settled=True)
+
+    def _answer_all(self, failure: SendFailed, *, settled: bool) -> None:
+        outcomes: list[Outcome] = [failure] * len(self.records)
         if not self.answer.done():
             self.answer.set_result(outcomes)
         if settled:
@@ -163,6 +187,9 @@ class TransactionalWriter:
         """A transaction failed or was fenced: no new one begins."""
         self._fenced = False
         self._stopping = False
+        self._identity_refused: KafkaAuthenticationFailed | None = None
+        """Kafka refused this sidecar's credentials when a failed transaction asked; set
+        until the writer is replaced (its ids re-initialised with working ones)."""
         self.transactions = 0
         """Transactions committed so far."""
 
@@ -215,6 +242,9 @@ class TransactionalWriter:
         a record.
         """
         request = _Request(topic, records)
+        if self._identity_refused is not None:
+            request.refuse(self._identity_refused)
+            return WriteResult(request.answer.result(), request.final)
         if self._fenced or self._stopping or self._loop_task is None:
             reason = "was fenced" if self._fenced else "is not running"
             request.fail(f"the transactional producer {reason}", maybe_appended=False, settled=True)
@@ -418,8 +448,25 @@ class TransactionalWriter:
             return
         # In doubt: answer now, and settle by re-initialising the id.
         _log.warning("transaction of %s failed: %s", lane.transactional_id, reason)
-        for request in group:
-            request.fail(f"transaction failed: {reason}", maybe_appended=commit_sent, settled=False)
+        refusal = None
+        if not commit_sent and not isinstance(exc, BrokerResponseError):
+            # No answer from Kafka, and nothing of it can become visible: if Kafka now
+            # refuses the credentials, say so rather than "unavailable", and refuse the
+            # requests after it at once (their transaction could not begin either).
+            refusal = await refused_identity(self._settings)
+        if refusal is not None:
+            _log.warning("Kafka refuses this sidecar's identity: %s", refusal.message)
+            self._identity_refused = refusal
+            for request in group:
+                request.refuse(refusal)
+            queued, self._queue = self._queue, []
+            for request in queued:
+                request.refuse(refusal)
+        else:
+            for request in group:
+                request.fail(
+                    f"transaction failed: {reason}", maybe_appended=commit_sent, settled=False
+                )
         await self._reset(lane)
         for request in group:
             request.settle(request.answer.result())
@@ -438,11 +485,14 @@ class TransactionalWriter:
                 lane.producer = await start_transactional_producer(
                     self._settings, lane.transactional_id
                 )
+                self._identity_refused = None  # it connected: the credentials work again
                 return
             except ProducerFenced:
                 self._mark_fenced()
                 return
-            except KafkaUnavailable as exc:
+            except (KafkaUnavailable, KafkaAuthenticationFailed, ConfigError) as exc:
+                # Refused credentials too: they may be fixed (a password file is read
+                # again for every new producer), and until then nothing is written.
                 _log.warning("re-initialising %s failed, retrying: %s", lane.transactional_id, exc)
                 if self._stopping:
                     return

@@ -29,6 +29,7 @@ from sidecar.config import Settings
 from sidecar.core.errors import (
     FencedGeneration,
     InvalidGeneration,
+    KafkaAuthenticationFailed,
     KafkaFailure,
     KafkaNotAuthorized,
     KafkaUnavailable,
@@ -249,6 +250,11 @@ class ProduceService:
                     )
                 )
         await self.registry.maybe_ack_barrier(runtime)
+        refusal = _identity_refusal(sent)
+        if refusal is not None:
+            # Nothing of the request was appended, and nothing of it can be until an
+            # operator fixes kafka.security: the request fails as a whole (503).
+            raise refusal
         return ProduceOutcome(
             [r for r in results if r is not None], generation.number, generation.undeleted_count
         )
@@ -389,8 +395,21 @@ def _result(outcome: SentRecord | SendFailed) -> ProduceResult:
         return RecordWritten(outcome.partition, outcome.offset, outcome.timestamp_ms)
     if outcome.not_authorized:
         return RecordFailed.from_error(KafkaNotAuthorized(str(outcome)))
+    if outcome.identity_refused:
+        return RecordFailed.from_error(KafkaAuthenticationFailed(str(outcome)))
     error = KafkaUnavailable if outcome.retriable else KafkaFailure
     return RecordFailed.from_error(error(str(outcome)))
+
+
+def _identity_refusal(outcomes: list[Outcome]) -> KafkaAuthenticationFailed | None:
+    """The refusal of this sidecar's credentials, if it failed every one of ``outcomes``
+    (a writer refuses a request whole: none of its records was appended)."""
+    if not outcomes:
+        return None
+    refused = [o for o in outcomes if isinstance(o, SendFailed) and o.identity_refused]
+    if len(refused) < len(outcomes):
+        return None
+    return KafkaAuthenticationFailed(refused[0].message)
 
 
 def _sequence_of(record: OutgoingKafkaRecord) -> int:

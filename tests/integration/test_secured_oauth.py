@@ -2,16 +2,14 @@
 
 The brokers check tokens with ``OAuthBearerValidatorCallbackHandler`` against the JWKS
 file the dev cluster wrote; this test is the token issuer: it signs RS256 JWTs with
-the cluster's signing key and serves them from a local OIDC token endpoint
-(client-credentials grant), or writes one to a token file.
+the cluster's signing key (``tests.support.oauth_tokens``) and serves them from a local
+OIDC token endpoint (client-credentials grant), or writes one to a token file.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,37 +17,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import secured_endpoints
-from ordered_dev.devcluster.security import OAUTH_AUDIENCE, OAUTH_KEY_ID, SIDECAR_USER
+from ordered_dev.devcluster.security import OAUTH_AUDIENCE
 from sidecar.compose import SidecarServer
 from sidecar.config import KafkaSecuritySettings, Secret, Settings
+from tests.support.oauth_tokens import signed_token
 from tests.support.sidecars import RunningSidecar, settings_for, unique
 
 CLIENT_ID, CLIENT_SECRET = "orders-sidecar", "client-s3cret"
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def signed_token(
-    cluster: LocalCluster, *, subject: str = SIDECAR_USER, audience: str = OAUTH_AUDIENCE
-) -> str:
-    """An RS256 JWT for ``subject`` the cluster's brokers accept (with its audience)."""
-    key = serialization.load_pem_private_key(
-        Path(cluster.material.oauth_signing_key).read_bytes(), None
-    )
-    assert isinstance(key, rsa.RSAPrivateKey)
-    now = int(time.time())
-    header = {"alg": "RS256", "typ": "JWT", "kid": OAUTH_KEY_ID}
-    claims = {"sub": subject, "aud": audience, "iat": now, "exp": now + 600, "scope": "kafka"}
-    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
-    signature = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
-    return f"{signing_input}.{_b64(signature)}"
 
 
 class TokenEndpoint:

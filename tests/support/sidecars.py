@@ -64,9 +64,11 @@ def settings_for(
     request_timeout_ms: int | None = None,
     transaction_lanes: int | None = None,
     header_format: str = "stamp",
+    kafka_client: dict[str, str | int | float | bool] | None = None,
 ) -> Settings:
     """Settings of a test sidecar. The Kafka request timeout defaults to what the session
-    timeout allows (``Settings.validate``: a session outlives every send)."""
+    timeout allows (``Settings.validate``: a session outlives every send);
+    ``kafka_client`` is ``kafka.client`` (aiokafka settings passed through)."""
     margin_ms = TEST_REPLICATION_MARGIN_MS
     if request_timeout_ms is None:
         request_timeout_ms = max(2_000, int(session_timeout_s * 1000) - margin_ms - 1_000)
@@ -78,6 +80,7 @@ def settings_for(
             request_timeout_ms=request_timeout_ms,
             replication_margin_ms=margin_ms,
             transaction_lanes=transaction_lanes or KafkaSettings().transaction_lanes,
+            client=kafka_client or {},
         ),
         zookeeper=ZooKeeperSettings(
             hosts=zookeeper_hosts or cluster.sidecar_zookeeper_hosts,

@@ -3,6 +3,7 @@ and its leader-epoch requests over a client that answers with a real broker's by
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import time
@@ -13,16 +14,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.errors import NodeNotReadyError
 from aiokafka.producer import sender as aiokafka_sender
 
+from sidecar.adapters import kafka as kafka_adapter
 from sidecar.adapters.kafka import (
     KafkaGateway,
     OffsetAndEpoch,
     _Clients,
+    refused_identity,
     set_transaction_poll,
 )
 from sidecar.config import KafkaSettings
-from sidecar.core.errors import KafkaFailure, KafkaUnavailable
+from sidecar.core.errors import KafkaAuthenticationFailed, KafkaFailure, KafkaUnavailable
 
 
 @pytest.fixture
@@ -161,3 +165,55 @@ async def test_a_broker_without_leader_epochs_is_a_failure_not_an_outage() -> No
     broker = _RecordedBroker({3: ["metadata_v7"]}, {3: (0, 6), 2: (0, 3), 23: (0, 1)})
     with pytest.raises(KafkaFailure, match=r"Kafka 2\.1 or later"):
         await _gateway_over(broker).leader_epochs(_WIRE["topic"], 1)
+
+
+# Credentials refused at run time ----------------------------------------------------------
+
+
+def _gateway_that_cannot_reach_a_node(
+    monkeypatch: pytest.MonkeyPatch, diagnosis: KafkaAuthenticationFailed | None
+) -> KafkaGateway:
+    async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
+        return diagnosis
+
+    monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
+    return KafkaGateway(KafkaSettings(request_timeout_ms=200, retry_backoff_s=0.01))
+
+
+async def _no_connection() -> None:
+    # What aiokafka raises when it cannot connect to a node (it logs the reason).
+    raise NodeNotReadyError("Attempt to send a request to node which is not ready")
+
+
+async def test_a_read_that_cannot_connect_because_credentials_are_refused_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refused = KafkaAuthenticationFailed(
+        "kafka.security.sasl_username / kafka.security.sasl_password: Kafka refused ..."
+    )
+    gateway = _gateway_that_cannot_reach_a_node(monkeypatch, refused)
+    with pytest.raises(KafkaAuthenticationFailed) as caught:
+        await gateway._retrying(_no_connection, "reading metadata of orders")
+    assert caught.value.error_code == 50370
+    assert caught.value.message.startswith("reading metadata of orders: kafka.security.sasl_")
+
+
+async def test_a_read_that_cannot_connect_to_a_cluster_away_is_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gateway = _gateway_that_cannot_reach_a_node(monkeypatch, None)
+    with pytest.raises(KafkaUnavailable):
+        await gateway._retrying(_no_connection, "reading metadata of orders")
+
+
+async def test_a_diagnosis_that_takes_too_long_tells_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
+        await asyncio.sleep(10)
+        return KafkaAuthenticationFailed("too late")
+
+    monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
+    began = time.monotonic()
+    assert await refused_identity(KafkaSettings(request_timeout_ms=200)) is None
+    assert time.monotonic() - began < 1.0

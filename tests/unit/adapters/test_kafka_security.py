@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
+import base64
+import inspect
+import json
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
+from aiokafka.abc import AbstractTokenProvider
+from aiokafka.conn import AIOKafkaConnection
+from aiokafka.errors import SaslAuthenticationFailed
+from aiokafka.protocol.admin import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse_v0,
+    SaslHandShakeRequest,
+    SaslHandShakeResponse_v1,
+)
 
 from ordered_dev.devcluster.certificates import CertificateAuthority
 from sidecar.adapters.kafka import client_settings, consumer_settings
 from sidecar.adapters.kafka_security import (
     ClientCredentialsTokens,
     FileTokens,
+    _sasl_message,
     _verification_message,
+    install_token_refusal_check,
+    token_claims,
     token_provider,
 )
 from sidecar.config import ConfigError, KafkaSecuritySettings, KafkaSettings, Secret
@@ -249,3 +265,100 @@ def test_clients_of_one_settings_object_share_one_token_provider(tmp_path: Path)
         protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER", oauth_token_file=str(tmp_path / "t")
     )
     assert token_provider(security) is token_provider(security)
+
+
+# OAUTHBEARER refusals ----------------------------------------------------------------------
+
+_INVALID_TOKEN = b'{"status":"invalid_token"}'
+
+
+class _FixedToken(AbstractTokenProvider):  # type: ignore[misc]
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def token(self) -> str:
+        return self._token
+
+
+class _OAuthBroker:
+    """Answers a connection's SASL requests as a Kafka broker does for OAUTHBEARER: an
+    accepted token gets an empty challenge; a refused one an RFC 7628 error challenge
+    with error code 0, and the failure only once the client acknowledged it."""
+
+    def __init__(self, *, accepts: bool) -> None:
+        self.accepts = accepts
+        self.received: list[bytes] = []
+
+    async def send(self, request: Any) -> Any:
+        if isinstance(request, SaslHandShakeRequest):
+            return SaslHandShakeResponse_v1(0, ["OAUTHBEARER"])
+        assert isinstance(request, SaslAuthenticateRequest)
+        payload = request._payload
+        self.received.append(payload)
+        if payload.startswith(b"n,,"):
+            return SaslAuthenticateResponse_v0(0, None, b"" if self.accepts else _INVALID_TOKEN)
+        if payload == b"\x01":
+            return SaslAuthenticateResponse_v0(58, _INVALID_TOKEN.decode(), b"")
+        raise AssertionError(f"unexpected SASL payload {payload!r}")
+
+
+async def _authenticate(broker: _OAuthBroker) -> None:
+    install_token_refusal_check()
+    connection = AIOKafkaConnection(
+        "127.0.0.1",
+        9,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="OAUTHBEARER",
+        sasl_oauth_token_provider=_FixedToken("header.claims.signature"),
+    )
+    connection.send = broker.send
+    await connection._do_sasl_handshake()
+
+
+async def test_a_refused_oauth_token_fails_the_connection() -> None:
+    # aiokafka alone took the error challenge for success; the broker then answered
+    # metadata requests with no broker and closed, and the clients waited forever.
+    broker = _OAuthBroker(accepts=False)
+    with pytest.raises(SaslAuthenticationFailed, match="invalid_token"):
+        await _authenticate(broker)
+    assert broker.received[-1] == b"\x01", "the error challenge was not acknowledged"
+
+
+async def test_an_accepted_oauth_token_authenticates_in_one_exchange() -> None:
+    broker = _OAuthBroker(accepts=True)
+    await _authenticate(broker)
+    assert len(broker.received) == 1
+
+
+def test_aiokafka_still_builds_its_oauth_authenticator_through_the_replaced_method() -> None:
+    # If aiokafka builds the authenticator some other way, the replacement would do
+    # nothing and a refused token would hang the clients again: fail here instead.
+    handshake = inspect.getsource(AIOKafkaConnection._do_sasl_handshake)
+    assert "self.authenticator_oauth()" in handshake
+
+
+def _jwt(claims: dict[str, object]) -> str:
+    def encoded(part: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(part).encode()).rstrip(b"=").decode()
+
+    return f"{encoded({'alg': 'RS256'})}.{encoded(claims)}.c2lnbmF0dXJl"
+
+
+def test_a_refused_token_is_described_by_its_claims_never_by_itself() -> None:
+    token = _jwt({"aud": "billing", "sub": "orders-sidecar", "exp": 1_800_000_000})
+    security = KafkaSecuritySettings(
+        protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER", oauth_token_file="/run/token"
+    )
+    refused = SaslAuthenticationFailed(_INVALID_TOKEN.decode())
+    message = _sasl_message(security, refused, token_claims(token))
+    assert message.startswith("kafka.security.oauth_token_file: Kafka refused the OAUTHBEARER")
+    assert "aud 'billing'" in message
+    assert "exp 2027-01-15 08:00:00 UTC" in message
+    assert "invalid_token" in message
+    assert token not in message
+    assert "c2lnbmF0dXJl" not in message
+
+
+def test_a_token_that_is_not_a_jwt_has_no_claims_to_show() -> None:
+    assert token_claims("opaque-token") == ""
+    assert token_claims("a.!!!.c") == ""
