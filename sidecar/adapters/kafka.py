@@ -871,7 +871,10 @@ async def refused_identity(settings: KafkaSettings) -> KafkaAuthenticationFailed
     aiokafka's clients swallow a refused connection (they log it, and wait for the node
     as for one that is away), so a credential revoked while the sidecar runs shows as
     requests that time out; a failure that Kafka did not answer asks this before it is
-    reported as Kafka being unavailable."""
+    reported as Kafka being unavailable. A PLAINTEXT connection presents nothing to refuse:
+    it is not asked (a broker outage would only wait for the connection)."""
+    if settings.security.protocol == "PLAINTEXT":
+        return None
     try:
         return await asyncio.wait_for(diagnose(settings), settings.request_timeout_ms / 2000)
     except TimeoutError:

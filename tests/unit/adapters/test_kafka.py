@@ -25,7 +25,7 @@ from sidecar.adapters.kafka import (
     refused_identity,
     set_transaction_poll,
 )
-from sidecar.config import KafkaSettings
+from sidecar.config import KafkaSecuritySettings, KafkaSettings
 from sidecar.core.errors import KafkaAuthenticationFailed, KafkaFailure, KafkaUnavailable
 
 
@@ -177,7 +177,10 @@ def _gateway_that_cannot_reach_a_node(
         return diagnosis
 
     monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
-    return KafkaGateway(KafkaSettings(request_timeout_ms=200, retry_backoff_s=0.01))
+    secured = KafkaSecuritySettings(protocol="SASL_SSL")
+    return KafkaGateway(
+        KafkaSettings(request_timeout_ms=200, retry_backoff_s=0.01, security=secured)
+    )
 
 
 async def _no_connection() -> None:
@@ -215,5 +218,22 @@ async def test_a_diagnosis_that_takes_too_long_tells_nothing(
 
     monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
     began = time.monotonic()
-    assert await refused_identity(KafkaSettings(request_timeout_ms=200)) is None
+    secured = KafkaSecuritySettings(protocol="SASL_SSL")
+    assert await refused_identity(KafkaSettings(request_timeout_ms=200, security=secured)) is None
     assert time.monotonic() - began < 1.0
+
+
+async def test_a_plaintext_connection_has_no_identity_to_diagnose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[KafkaSettings] = []
+
+    async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
+        asked.append(settings)
+        return KafkaAuthenticationFailed("never for PLAINTEXT")
+
+    monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
+    assert await refused_identity(KafkaSettings()) is None
+    assert asked == []
+    secured = KafkaSettings(security=KafkaSecuritySettings(protocol="SSL"))
+    assert await refused_identity(secured) is not None
