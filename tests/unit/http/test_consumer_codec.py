@@ -1041,7 +1041,9 @@ def test_any_bytes_survive_the_binary_records_encoding(
         return None if data is None else base64.b64decode(data, validate=True)
 
     record = ConsumedRecord("t", partition, offset, key, value, tuple(headers))
-    (entry,) = json.loads(encode_records_response([record], EmbeddedFormat.BINARY))
+    # Every header, the reserved ``ordered.*`` names too (the default keeps the app's).
+    encoded = encode_records_response([record], EmbeddedFormat.BINARY, RecordHeaders.ALL)
+    (entry,) = json.loads(encoded)
     assert (decoded(entry["key"]), decoded(entry["value"])) == (key, value)
     assert (entry["topic"], entry["partition"], entry["offset"]) == ("t", partition, offset)
     assert [(h["name"], decoded(h["value"])) for h in entry.get("headers", [])] == headers
