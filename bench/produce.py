@@ -31,6 +31,11 @@ generator, the sidecar and three brokers share this machine's cores):
 * **sidecar, REST Proxy v3 streaming**: the managed topic over ``--connections``
   chunked v3 requests kept open, each with ``--batch`` records sent and not yet
   answered (the same records in flight as the v2 path);
+* **wide window**: direct aiokafka with ``wide_window`` (4,000) sends in flight, and the
+  sidecar and the direct transactional writer with as many records in flight in
+  requests of ``--batch`` (40 x 100): where concurrency is high enough that latency no
+  longer bounds throughput, what the managed path keeps of the direct client's rate and
+  of its own writer's;
 * optionally Kafka's own Java ``ProducerPerformance`` (same producer settings) as the
   ceiling of what the cluster takes from one client here.
 
@@ -115,6 +120,11 @@ class Plan:
     wide_window: int
     cluster_warmup_s: float
     java_records: dict[int, int]
+
+    @property
+    def wide_connections(self) -> int:
+        """Requests of ``batch`` records in flight that make ``wide_window`` records."""
+        return max(1, self.wide_window // self.batch)
 
 
 FULL = Plan(
@@ -764,7 +774,19 @@ async def profile_sidecar(
 DIRECT, SIDECAR, DIRECT_WIDE = "direct aiokafka", "sidecar (HTTP)", "direct aiokafka, wide window"
 UNMANAGED, TRANSACTIONAL = "sidecar (HTTP), unmanaged topic", "direct transactional writer"
 V3_SINGLE, V3_STREAM = "sidecar REST v3, one record per request", "sidecar REST v3 streaming"
-PATHS = (DIRECT, SIDECAR, DIRECT_WIDE, UNMANAGED, TRANSACTIONAL, V3_SINGLE, V3_STREAM)
+SIDECAR_WIDE = "sidecar (HTTP), wide window"
+TRANSACTIONAL_WIDE = "direct transactional writer, wide window"
+PATHS = (
+    DIRECT,
+    SIDECAR,
+    DIRECT_WIDE,
+    UNMANAGED,
+    TRANSACTIONAL,
+    V3_SINGLE,
+    V3_STREAM,
+    SIDECAR_WIDE,
+    TRANSACTIONAL_WIDE,
+)
 SIDECAR_ONE_KEY = "sidecar (HTTP), one key"
 TRANSACTIONAL_ONE_KEY = "direct transactional writer, one key"
 LATENCY_PATHS = (
@@ -811,9 +833,14 @@ class Target:
         if path in (SIDECAR, UNMANAGED):
             topic = self.managed if path == SIDECAR else self.passed_through
             run = await sidecar_throughput(self.sidecar, topic, workload, seconds, plan.connections)
-        elif path == TRANSACTIONAL:
+        elif path == SIDECAR_WIDE:
+            run = await sidecar_throughput(
+                self.sidecar, self.managed, workload, seconds, plan.wide_connections
+            )
+        elif path in (TRANSACTIONAL, TRANSACTIONAL_WIDE):
+            connections = plan.wide_connections if path == TRANSACTIONAL_WIDE else plan.connections
             run = await transactional_throughput(
-                self.writer, self.plain, workload, seconds, plan.connections, plan.batch
+                self.writer, self.plain, workload, seconds, connections, plan.batch
             )
         elif path == V3_SINGLE:
             run = await v3_single_throughput(
@@ -887,7 +914,8 @@ async def run(
             )
             await producer.start()
             await writer.start()
-            async with sidecar_process(cluster, root, log, plan.connections) as sidecar:
+            connections = max(plan.connections, plan.wide_connections)
+            async with sidecar_process(cluster, root, log, connections) as sidecar:
                 await create_managed_topic(sidecar, managed, rf)
                 target = Target(
                     producer,
@@ -992,6 +1020,10 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         DIRECT: f"direct aiokafka, {plan.window:,} in flight",
         SIDECAR: f"sidecar over HTTP, {plan.connections} x {plan.batch} in flight",
         DIRECT_WIDE: f"direct aiokafka, {plan.wide_window:,} in flight",
+        SIDECAR_WIDE: f"sidecar over HTTP, {plan.wide_connections} x {plan.batch} in flight",
+        TRANSACTIONAL_WIDE: (
+            f"direct transactional writer, {plan.wide_connections} x {plan.batch} in flight"
+        ),
         UNMANAGED: f"sidecar, unmanaged topic, {plan.connections} x {plan.batch} in flight",
         TRANSACTIONAL: (
             f"direct transactional writer, {plan.connections} x {plan.batch} in flight"
@@ -1013,6 +1045,7 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         TRANSACTIONAL_ONE_KEY: "direct transactional writer, every record with one key",
     }
     cost_rows = []
+    goal_rows = []
     v3_rows = []
     headline_rows = []
     throughput_rows = []
@@ -1039,6 +1072,16 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
                 f"{p50[SIDECAR] - p50[DIRECT]:+.2f} ms",
                 f"{p50[DIRECT]:.2f} → {p50[SIDECAR]:.2f} ms",
                 _paired_ratio(runs_of[SIDECAR], runs_of[DIRECT_WIDE]),
+            ]
+        )
+        goal_rows.append(
+            [
+                size,
+                _paired_ratio(runs_of[SIDECAR], runs_of[TRANSACTIONAL]),
+                f"{p50[SIDECAR] - p50[TRANSACTIONAL]:+.2f} ms",
+                _paired_ratio(runs_of[SIDECAR_WIDE], runs_of[TRANSACTIONAL_WIDE]),
+                _paired_ratio(runs_of[SIDECAR_WIDE], runs_of[DIRECT_WIDE]),
+                _paired_ratio(runs_of[UNMANAGED], runs_of[DIRECT]),
             ]
         )
         v3_rows.append(
@@ -1110,6 +1153,23 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
         ),
         "",
         "Throughput ratios: median (min-max) over the rounds of the ratio within a round.",
+        "",
+        "## Against what the guarantee costs: the direct transactional writer (same run)",
+        "",
+        "A managed produce is acknowledged once its transaction commits; the direct "
+        "transactional writer is the sidecar's own writer in this process, without HTTP.",
+        "",
+        *markdown_table(
+            [
+                "record size",
+                f"managed / direct transactional writer ({in_flight} in flight each)",
+                "single-record p50, managed minus direct transactional writer",
+                f"managed / direct transactional writer ({plan.wide_window:,} in flight each)",
+                f"managed / direct idempotent ({plan.wide_window:,} in flight each)",
+                f"unmanaged / direct idempotent ({in_flight} in flight each)",
+            ],
+            goal_rows,
+        ),
         "",
         "## REST Proxy v3 against direct aiokafka (managed topic, same run)",
         "",
