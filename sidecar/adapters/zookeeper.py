@@ -13,6 +13,8 @@ in the shapes of ``sidecar.core.serialization``::
     <root>/topics/<t>/generations/<g>        a committed generation; g as %010d
     <root>/topics/<t>/partitions             {"modes": [...], "delete_after": [float|null, ...]}
     <root>/topics/<t>/pending                the pending barrier; only while one is pending
+    <root>/topics/<t>/truncations            {"confirmed": [[g, p, offset, epoch], ...]}: lost
+                                             boundaries an operator confirmed (KIP-320)
     <root>/topics/<t>/barrier/<g>/<id>       {"acked": {"<partition>": next_offset}}
     <root>/ops/<t>                           journal of the change in progress (or last done),
                                              written compare-and-set by znode version
@@ -102,6 +104,7 @@ from sidecar.core.serialization import (
     pending_to_json,
 )
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
+from sidecar.core.truncation import ConfirmedLoss
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -660,6 +663,36 @@ class MetadataStore:
         if stat.ephemeralOwner == 0:
             return None
         return _lock_holder(raw, stat)
+
+    async def confirmed_truncations(self, topic: str) -> frozenset[ConfirmedLoss]:
+        """The lost boundaries of ``topic`` an operator confirmed (``confirm_truncations``)."""
+        raw = await self._run(self._get_json, f"{self._topic_path(topic)}/truncations")
+        if raw is None:
+            return frozenset()
+        return frozenset((int(g), int(p), int(o), int(e)) for g, p, o, e in raw["confirmed"])
+
+    async def confirm_truncations(self, topic: str, losses: Sequence[ConfirmedLoss]) -> None:
+        """Add ``losses`` to the topic's confirmed ones. Raises UnknownTopic."""
+        await self._run(self._confirm_truncations, topic, losses)
+
+    def _confirm_truncations(self, topic: str, losses: Sequence[ConfirmedLoss]) -> None:
+        path = f"{self._topic_path(topic)}/truncations"
+        while True:  # compare-and-set: two operators confirming at once both count
+            try:
+                raw, stat = self._client.get(path)
+            except NoNodeError:
+                if self._client.exists(self._topic_path(topic)) is None:
+                    raise UnknownTopic(f"topic {topic!r} is not managed") from None
+                data = _encode({"confirmed": sorted(set(losses))})
+                with suppress(NodeExistsError):
+                    self._client.create(path, data)
+                    return
+                continue
+            known = {tuple(entry) for entry in json.loads(raw)["confirmed"]}
+            data = _encode({"confirmed": sorted(known | set(losses))})
+            with suppress(BadVersionError):
+                self._client.set(path, data, version=stat.version)
+                return
 
     async def save_operation(self, operation: Operation) -> None:
         """Create or overwrite the topic's operation journal. After this store has read or

@@ -197,6 +197,11 @@ def boundary_truncated(
     }
 
 
+def truncation_confirmed(*, topic: str, boundaries: list[dict[str, int | None]]) -> Event:
+    """An operator confirmed these lost boundaries: the topic changes again."""
+    return {"type": "truncation_confirmed", "topic": topic, "boundaries": boundaries}
+
+
 def stamped(event: Event, *, sidecar: str, seq: int, now: float | None = None) -> Event:
     """``event`` with the common fields."""
     return {

@@ -1,4 +1,4 @@
-"""`sidecar topics create|adopt|describe|expand|shrink`.
+"""`sidecar topics create|adopt|describe|expand|shrink|confirm-truncation`.
 
 The topics commands call a running sidecar's admin API (``--url``, token from
 ``--token`` or ``ORDERED_SIDECAR_ADMIN_TOKEN``), so the sidecar that runs the change
@@ -51,6 +51,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                 action="store_true",
                 help="after the commit, show retirement until no partition is read-only",
             )
+    confirm = actions.add_parser(
+        "confirm-truncation",
+        help="accept boundaries lost to an unclean leader election, so the topic changes again",
+    )
+    confirm.add_argument("topic")
+    confirm.add_argument(
+        "--yes",
+        action="store_true",
+        help="confirm that the records truncated below those boundaries are lost",
+    )
     topics.set_defaults(handler=run_topics)
 
 
@@ -77,6 +87,8 @@ async def _topics(args: argparse.Namespace) -> int:
                 return await _call(session, "POST", f"/admin/topics/{args.topic}/adopt", body)
             if args.action == "describe":
                 return await _call(session, "GET", f"/admin/topics/{args.topic}", None)
+            if args.action == "confirm-truncation":
+                return await _confirm_truncation(session, args)
             return await _change(session, args)
         except aiohttp.ClientConnectionError as exc:
             print(f"sidecar: cannot reach {base}: {exc}", file=sys.stderr)
@@ -90,6 +102,34 @@ async def _call(
         document = await response.json(content_type=None)
     print(json.dumps(document, indent=2))
     return 0 if response.status < 400 else 1
+
+
+async def _confirm_truncation(session: aiohttp.ClientSession, args: argparse.Namespace) -> int:
+    if not args.yes:
+        print(
+            "sidecar topics confirm-truncation: confirming accepts that the records an "
+            f"unclean leader election truncated in {args.topic} are lost; add --yes",
+            file=sys.stderr,
+        )
+        return 2
+    path = f"/admin/topics/{args.topic}/confirm-truncation"
+    async with session.post(path, json={}) as response:
+        document = await response.json(content_type=None)
+    if response.status >= 400:
+        print(
+            f"sidecar topics confirm-truncation: {document.get('message')} "
+            f"(HTTP {response.status}, error_code {document.get('error_code')})",
+            file=sys.stderr,
+        )
+        return 1
+    for lost in document["confirmed"]:
+        reaches = "an unknown offset" if lost["log_end"] is None else lost["log_end"]
+        print(
+            f"{args.topic}: confirmed the loss below boundary {lost['boundary']} of "
+            f"partition {lost['partition']} (generation {lost['generation']}, leader epoch "
+            f"{lost['leader_epoch']}; the log now reaches {reaches})"
+        )
+    return 0
 
 
 async def _change(session: aiohttp.ClientSession, args: argparse.Namespace) -> int:

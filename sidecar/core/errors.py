@@ -256,6 +256,15 @@ class BoundaryTruncated(SidecarError):
     default_message = "a boundary of the topic was lost to log truncation"
 
 
+class NoTruncationToConfirm(SidecarError):
+    """An operator confirmed the lost boundaries of a topic none of whose boundaries is
+    lost (or all of whose losses were confirmed already): nothing was written."""
+
+    http_status = 409
+    error_code = 40951
+    default_message = "no lost boundary of the topic awaits confirmation"
+
+
 class InvalidPartitionCount(SidecarError):
     """KIP-195 INVALID_PARTITIONS: not an increase, below N, or otherwise impossible."""
 

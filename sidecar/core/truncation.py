@@ -15,7 +15,7 @@ Pure: the caller asks Kafka the epochs ``epochs_to_check`` names and passes the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from sidecar.core.generations import GenerationLog
@@ -75,3 +75,20 @@ def truncated_boundaries(
                     TruncatedBoundary(generation.number, partition, boundary.offset, epoch, log_end)
                 )
     return found
+
+
+ConfirmedLoss = tuple[int, int, int, int]
+"""A lost boundary an operator confirmed: (generation, partition, offset, leader epoch)."""
+
+
+def confirmed_loss(lost: TruncatedBoundary) -> ConfirmedLoss:
+    return (lost.generation, lost.partition, lost.offset, lost.leader_epoch)
+
+
+def unconfirmed(
+    found: list[TruncatedBoundary], confirmed: Collection[ConfirmedLoss]
+) -> list[TruncatedBoundary]:
+    """The lost boundaries of ``found`` no operator has confirmed yet. A confirmation
+    names the boundary and the epoch it was stored with, so a boundary lost again later
+    (another generation, another epoch) is refused again until confirmed again."""
+    return [lost for lost in found if confirmed_loss(lost) not in confirmed]

@@ -11,6 +11,7 @@ from typing import Any
 from sidecar.core.generations import Generation
 from sidecar.core.procedures import Operation
 from sidecar.core.topics import TopicState
+from sidecar.core.truncation import TruncatedBoundary
 from sidecar.service.admin import TopicDescription
 
 
@@ -79,4 +80,21 @@ def _generation(generation: Generation) -> dict[str, Any]:
         "number": generation.number,
         "undeleted_count": generation.undeleted_count,
         "boundaries": [[b.offset, b.leader_epoch] for b in generation.boundaries],
+    }
+
+
+def truncations_body(topic: str, confirmed: list[TruncatedBoundary]) -> dict[str, Any]:
+    """The lost boundaries an operator just confirmed (``POST .../confirm-truncation``)."""
+    return {
+        "topic": topic,
+        "confirmed": [
+            {
+                "generation": lost.generation,
+                "partition": lost.partition,
+                "boundary": lost.offset,
+                "leader_epoch": lost.leader_epoch,
+                "log_end": lost.log_end,
+            }
+            for lost in confirmed
+        ],
     }

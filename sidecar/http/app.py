@@ -42,7 +42,12 @@ from sidecar.core.errors import (
     SidecarError,
 )
 from sidecar.core.procedures import OperationKind, Phase
-from sidecar.http.admin_codec import description_body, operation_body, topic_body
+from sidecar.http.admin_codec import (
+    description_body,
+    operation_body,
+    topic_body,
+    truncations_body,
+)
 from sidecar.http.connections import connection_middleware
 from sidecar.http.edge import partition_in_path, path_names_middleware
 from sidecar.http.error_map import errors_middleware
@@ -114,6 +119,7 @@ def build_app(
     app.router.add_get("/admin/topics/{topic}", admin_describe)
     app.router.add_post("/admin/topics/{topic}/adopt", admin_adopt)
     app.router.add_post("/admin/topics/{topic}/partition-count", admin_change_count)
+    app.router.add_post("/admin/topics/{topic}/confirm-truncation", admin_confirm_truncation)
     return app
 
 
@@ -277,6 +283,15 @@ async def admin_describe(request: web.Request) -> web.Response:
     _authorize(request)
     description = await request.app[ADMIN_KEY].describe(request.match_info["topic"])
     return web.json_response(description_body(description))
+
+
+async def admin_confirm_truncation(request: web.Request) -> web.Response:
+    """Accept the loss of the topic's lost boundaries (KIP-320): its changes go on."""
+    _authorize(request)
+    json_object(await request.read(), set(), set())
+    topic = request.match_info["topic"]
+    confirmed = await request.app[CHANGES_KEY].confirm_truncation(topic)
+    return web.json_response(truncations_body(topic, confirmed))
 
 
 async def admin_change_count(request: web.Request) -> web.Response:

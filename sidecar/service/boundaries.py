@@ -7,7 +7,9 @@ leader election truncated acknowledged records below it: the change or retiremen
 refused (``BoundaryTruncated``, 409); the number of such boundaries is the gauge
 ``sidecar_truncated_boundaries``, and each one is logged and sent as a
 ``boundary_truncated`` audit event the first time this sidecar finds it. The check is
-made again on every attempt, so the refusal stands for as long as the boundary is lost.
+made again on every attempt, so the refusal stands for as long as the boundary is lost,
+until an operator confirms the loss (``confirm``, ``sidecar topics confirm-truncation``):
+the confirmed boundaries are kept in ZooKeeper and no longer refuse anything.
 """
 
 from __future__ import annotations
@@ -15,11 +17,18 @@ from __future__ import annotations
 import logging
 
 from sidecar.adapters.kafka import KafkaGateway
+from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
-from sidecar.core.errors import BoundaryTruncated
+from sidecar.core.errors import BoundaryTruncated, NoTruncationToConfirm
 from sidecar.core.generations import GenerationLog
-from sidecar.core.truncation import TruncatedBoundary, epochs_to_check, truncated_boundaries
+from sidecar.core.truncation import (
+    TruncatedBoundary,
+    confirmed_loss,
+    epochs_to_check,
+    truncated_boundaries,
+    unconfirmed,
+)
 from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
@@ -27,9 +36,14 @@ _log = logging.getLogger(__name__)
 
 class BoundaryCheck:
     def __init__(
-        self, kafka: KafkaGateway, metrics: SidecarMetrics, audit: AuditEmitter | None = None
+        self,
+        kafka: KafkaGateway,
+        store: MetadataStore,
+        metrics: SidecarMetrics,
+        audit: AuditEmitter | None = None,
     ) -> None:
         self.kafka = kafka
+        self.store = store
         self.metrics = metrics
         self.audit = audit
         self._reported: set[tuple[str, TruncatedBoundary]] = set()
@@ -50,8 +64,10 @@ class BoundaryCheck:
 
     async def require_intact(self, topic: str, log: GenerationLog, before: str) -> None:
         """Raise BoundaryTruncated if a boundary of ``log`` was lost; ``before`` names
-        what is refused. Raises KafkaUnavailable, KafkaFailure too."""
+        what is refused. Raises KafkaUnavailable, KafkaFailure, MetadataUnavailable too."""
         found = await self.truncated(topic, log)
+        if found:
+            found = unconfirmed(found, await self.store.confirmed_truncations(topic))
         label = self.metrics.topic_label(topic, exists=True)
         self.metrics.truncated_boundaries.labels(label).set(len(found))
         if not found:
@@ -90,3 +106,47 @@ class BoundaryCheck:
             f"{before} of {topic} refused: an unclean leader election truncated the log "
             f"below boundaries of {where}"
         )
+
+    async def confirm(self, topic: str) -> list[TruncatedBoundary]:
+        """An operator accepts the loss of ``topic``'s lost boundaries: they are recorded
+        as confirmed, and the topic's changes and retirements go on. Returns them.
+
+        Raises UnknownTopic, NoTruncationToConfirm (nothing lost, or every loss confirmed
+        already: nothing is written), KafkaUnavailable, KafkaFailure, MetadataUnavailable.
+        """
+        state = await self.store.read_topic(topic)
+        found = await self.truncated(topic, state.log)
+        if found:
+            found = unconfirmed(found, await self.store.confirmed_truncations(topic))
+        if not found:
+            raise NoTruncationToConfirm(
+                f"no lost boundary of {topic} awaits confirmation: every boundary its "
+                "partitions' logs were checked against is intact or confirmed already"
+            )
+        await self.store.confirm_truncations(topic, [confirmed_loss(lost) for lost in found])
+        self.metrics.truncated_boundaries.labels(self.metrics.topic_label(topic, exists=True)).set(
+            0
+        )
+        _log.warning(
+            "%s: an operator confirmed the loss of %d boundaries: %s",
+            topic,
+            len(found),
+            ", ".join(f"partition {lost.partition} generation {lost.generation}" for lost in found),
+        )
+        if self.audit is not None:
+            self.audit.emit(
+                audit_events.truncation_confirmed(
+                    topic=topic,
+                    boundaries=[
+                        {
+                            "generation": lost.generation,
+                            "partition": lost.partition,
+                            "boundary": lost.offset,
+                            "leader_epoch": lost.leader_epoch,
+                            "log_end": lost.log_end,
+                        }
+                        for lost in found
+                    ],
+                )
+            )
+        return found

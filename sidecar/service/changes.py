@@ -59,6 +59,7 @@ from sidecar.core.procedures import (
     step,
 )
 from sidecar.core.topics import PendingBarrier, TopicState
+from sidecar.core.truncation import TruncatedBoundary
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.boundaries import BoundaryCheck
 
@@ -95,7 +96,7 @@ class ChangeRunner:
     ) -> None:
         self.settings = settings or ChangeSettings()
         self.warmer = warmer
-        self.boundaries = BoundaryCheck(kafka, metrics, audit)
+        self.boundaries = BoundaryCheck(kafka, store, metrics, audit)
         self.sidecar_id = SidecarId(sidecar_id)
         self.store = store
         self.kafka = kafka
@@ -103,6 +104,12 @@ class ChangeRunner:
         self.barrier_timeout_s = barrier_timeout_s
         self.kill_after_phase = kill_after_phase
         self.audit = audit
+
+    async def confirm_truncation(self, topic: str) -> list[TruncatedBoundary]:
+        """An operator accepts the loss of ``topic``'s lost boundaries (KIP-320), which
+        refused its changes. Raises UnknownTopic, NoTruncationToConfirm, KafkaUnavailable,
+        MetadataUnavailable."""
+        return await self.boundaries.confirm(topic)
 
     async def change(
         self, request: ChangeRequest, on_progress: ProgressCallback | None = None

@@ -58,7 +58,7 @@ class Retirer:
         audit: AuditEmitter | None = None,
     ) -> None:
         self.lock_timeout_s = lock_timeout_s
-        self.boundaries = BoundaryCheck(kafka, metrics, audit)
+        self.boundaries = BoundaryCheck(kafka, store, metrics, audit)
         self.sidecar_id = sidecar_id
         self.store = store
         self.kafka = kafka

@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from kazoo.client import KazooClient
+
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from tests.support.sidecars import unique
 
@@ -31,6 +33,7 @@ async def test_serve_and_manage_topics_from_the_command_line(cluster: ClusterEnd
         "ORDERED_SIDECAR__ZOOKEEPER__HOSTS": cluster.zookeeper_hosts,
         "ORDERED_SIDECAR__ZOOKEEPER__ROOT": f"/{unique('cli')}",
         "ORDERED_SIDECAR__HTTP__PORT": "0",
+        "ORDERED_SIDECAR__HTTP__OPS_PORT": "0",
         "ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "true",
         "ORDERED_SIDECAR__HTTP__ADMIN_TOKEN": TOKEN,
     }
@@ -94,6 +97,27 @@ async def test_serve_and_manage_topics_from_the_command_line(cluster: ClusterEnd
         )
         assert code == 1
         assert json.loads(out)["error_code"] == 40101
+
+        # Confirming a truncation: refused without --yes, for a topic not managed, and
+        # for one whose boundaries are all intact, each in one line, with nothing written.
+        code, out = await _run(*cli, "confirm-truncation", topic, env=env)
+        assert code == 2, out
+        assert "add --yes" in out
+        code, out = await _run(*cli, "confirm-truncation", unique("nowhere"), "--yes", env=env)
+        assert code == 1, out
+        assert "is not managed (HTTP 404, error_code 40401)" in out, out
+        code, out = await _run(*cli, "confirm-truncation", topic, "--yes", env=env)
+        assert code == 1, out
+        assert f"no lost boundary of {topic} awaits confirmation" in out, out
+        assert "(HTTP 409, error_code 40951)" in out, out
+        assert len(out.strip().splitlines()) == 1, out
+        root = env["ORDERED_SIDECAR__ZOOKEEPER__ROOT"]
+        zookeeper = KazooClient(hosts=cluster.zookeeper_hosts)
+        await asyncio.to_thread(zookeeper.start, 30)
+        try:
+            assert not zookeeper.exists(f"{root}/topics/{topic}/truncations")
+        finally:
+            await asyncio.to_thread(zookeeper.stop)
     finally:
         server.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(server.wait(), 60) == 0

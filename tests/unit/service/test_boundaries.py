@@ -10,9 +10,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.adapters.kafka import KafkaGateway, OffsetAndEpoch
+from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit.emitter import AuditEmitter
-from sidecar.core.errors import BoundaryTruncated
-from sidecar.core.generations import Boundary, GenerationLog
+from sidecar.core.errors import BoundaryTruncated, NoTruncationToConfirm, UnknownTopic
+from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
+from sidecar.core.topics import TopicConfig, TopicState
+from sidecar.core.truncation import ConfirmedLoss
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.boundaries import BoundaryCheck
 
@@ -49,10 +52,37 @@ def _log() -> GenerationLog:
     return log.append(log.next_generation(3, [Boundary(10, 2), Boundary(4, 1), Boundary(0, 0)]))
 
 
-def _check(ends: dict[tuple[int, int], int | None]) -> tuple[BoundaryCheck, SidecarMetrics, _Audit]:
+class _Store:
+    """The topic's generation log and its confirmed losses, as ZooKeeper keeps them."""
+
+    def __init__(self, log: GenerationLog) -> None:
+        self.log = log
+        self.confirmed: set[ConfirmedLoss] = set()
+
+    async def read_topic(self, topic: str) -> TopicState:
+        if topic != "orders":
+            raise UnknownTopic(f"topic {topic!r} is not managed")
+        modes = (PartitionMode.READ_WRITE,) * self.log.current.undeleted_count
+        return TopicState(TopicConfig(topic, 2, 3), self.log, modes)
+
+    async def confirmed_truncations(self, topic: str) -> frozenset[ConfirmedLoss]:
+        return frozenset(self.confirmed)
+
+    async def confirm_truncations(self, topic: str, losses: list[ConfirmedLoss]) -> None:
+        self.confirmed.update(losses)
+
+
+def _check(
+    ends: dict[tuple[int, int], int | None], store: _Store | None = None
+) -> tuple[BoundaryCheck, SidecarMetrics, _Audit]:
     metrics = SidecarMetrics(CollectorRegistry())
     audit = _Audit()
-    check = BoundaryCheck(cast(KafkaGateway, _EpochEnds(ends)), metrics, cast(AuditEmitter, audit))
+    check = BoundaryCheck(
+        cast(KafkaGateway, _EpochEnds(ends)),
+        cast(MetadataStore, store or _Store(_log())),
+        metrics,
+        cast(AuditEmitter, audit),
+    )
     return check, metrics, audit
 
 
@@ -99,3 +129,41 @@ async def test_a_leader_that_knows_no_such_epoch_vouches_for_nothing() -> None:
     with pytest.raises(BoundaryTruncated, match=r"partition 1 .*log reaches \?"):
         await check.require_intact("orders", _log(), "retirement")
     assert _gauge(metrics, "orders") == 1
+
+
+async def test_a_confirmed_loss_no_longer_refuses_until_another_boundary_is_lost() -> None:
+    store = _Store(_log())
+    check, metrics, audit = _check({(0, 2): 7, (1, 1): 4}, store)
+    with pytest.raises(BoundaryTruncated):
+        await check.require_intact("orders", store.log, "a change")
+    confirmed = await check.confirm("orders")
+    assert [(lost.partition, lost.generation, lost.offset) for lost in confirmed] == [(0, 1, 10)]
+    assert store.confirmed == {(1, 0, 10, 2)}
+    assert _gauge(metrics, "orders") == 0
+    assert audit.events[-1]["type"] == "truncation_confirmed"
+    assert audit.events[-1]["boundaries"][0]["boundary"] == 10
+    # Confirmed: the change goes on.
+    await check.require_intact("orders", store.log, "a change")
+    # Partition 1 loses its boundary too: refused again, for that one only.
+    check.kafka = cast(KafkaGateway, _EpochEnds({(0, 2): 7, (1, 1): 2}))
+    with pytest.raises(BoundaryTruncated) as refused:
+        await check.require_intact("orders", store.log, "a change")
+    assert "partition 1 (generation 1" in refused.value.message
+    assert "partition 0" not in refused.value.message
+
+
+async def test_confirming_without_a_loss_or_for_an_unknown_topic_writes_nothing() -> None:
+    store = _Store(_log())
+    check, _, audit = _check({(0, 2): 12, (1, 1): 4}, store)
+    with pytest.raises(NoTruncationToConfirm) as nothing:
+        await check.confirm("orders")
+    assert (nothing.value.http_status, nothing.value.error_code) == (409, 40951)
+    with pytest.raises(UnknownTopic):
+        await check.confirm("payments")
+    assert store.confirmed == set()
+    assert audit.events == []
+    # A loss confirmed already is nothing to confirm either.
+    lost_check, _, _ = _check({(0, 2): 7, (1, 1): 4}, store)
+    await lost_check.confirm("orders")
+    with pytest.raises(NoTruncationToConfirm):
+        await lost_check.confirm("orders")
