@@ -179,6 +179,11 @@ class MetadataStore:
         self._held_locks: dict[str, int] = {}
         """Topic -> czxid of the lock node this store holds."""
         self._journal_versions: dict[str, int] = {}
+        self._generations: dict[str, tuple[int, dict[str, Generation]]] = {}
+        """Per topic, the committed generations read so far, under the topic node's
+        creation (czxid): a generation node is written once, in the commit's multi-op,
+        and never changed, so only new ones are read (a topic made anew under the same
+        name has another czxid, and its generations are read again)."""
         """Topic -> version of the journal node as this store last wrote or read it."""
         self._stopped = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -480,10 +485,7 @@ class MetadataStore:
                 raise UnknownTopic(f"topic {topic!r} is not managed") from exc
             head = json.loads(raw)
             config = config_from_json(head["config"])
-            generations = [
-                generation_from_json(json.loads(self._client.get(f"{path}/generations/{name}")[0]))
-                for name in self._client.get_children(f"{path}/generations")
-            ]
+            generations = self._committed_generations(topic, path, stat.czxid)
             partitions = json.loads(self._client.get(f"{path}/partitions")[0])
             pending = self._get_json(f"{path}/pending")
             operation = self._read_operation(topic)
@@ -500,6 +502,22 @@ class MetadataStore:
             pending=None if pending is None else pending_from_json(pending),
             operation=operation,
         )
+
+    def _committed_generations(self, topic: str, path: str, created: int) -> list[Generation]:
+        """The topic's committed generations, in order; only those not read before are
+        read from ZooKeeper (every sidecar reads the log at every change: with a long log
+        that was one read per generation, each time)."""
+        known_created, known = self._generations.get(topic, (created, {}))
+        if known_created != created:
+            known = {}
+        names = sorted(self._client.get_children(f"{path}/generations"))
+        for name in names:
+            if name not in known:
+                data = self._client.get(f"{path}/generations/{name}")[0]
+                known[name] = generation_from_json(json.loads(data))
+        kept = {name: known[name] for name in names}  # nothing kept of removed ones
+        self._generations[topic] = (created, kept)
+        return list(kept.values())
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being

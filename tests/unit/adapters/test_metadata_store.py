@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +10,9 @@ from kazoo.exceptions import NodeExistsError
 
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.errors import MetadataUnavailable
+from sidecar.core.generations import Boundary, GenerationLog
 from sidecar.core.procedures import SessionState
+from sidecar.core.serialization import generation_to_json
 
 
 class _SessionLostClient:
@@ -32,3 +35,46 @@ async def test_a_lock_attempt_as_the_session_ends_is_unavailable_not_a_bug() -> 
     with pytest.raises(MetadataUnavailable):
         async with store.lock("orders", "sidecar-a", timeout=0):
             pass
+
+
+class _GenerationsClient:
+    """A topic's generation nodes, counting the reads of each."""
+
+    def __init__(self, log: GenerationLog) -> None:
+        self.nodes = {
+            f"/t/generations/{g.number:010d}": json.dumps(generation_to_json(g)).encode()
+            for g in log.generations
+        }
+        self.reads: list[str] = []
+
+    def get_children(self, path: str) -> list[str]:
+        # ZooKeeper names children in no particular order.
+        return sorted((p.rsplit("/", 1)[1] for p in self.nodes), reverse=True)
+
+    def get(self, path: str) -> tuple[bytes, SimpleNamespace]:
+        self.reads.append(path)
+        return self.nodes[path], SimpleNamespace()
+
+
+def _grown(log: GenerationLog, count: int) -> GenerationLog:
+    return log.append(log.next_generation(count, [Boundary(7)] * count))
+
+
+def test_committed_generations_are_read_once_each() -> None:
+    store = MetadataStore("127.0.0.1:1")
+    log = _grown(_grown(GenerationLog.start(2), 3), 4)
+    client = _GenerationsClient(log)
+    store._client = client
+    assert store._committed_generations("t", "/t", created=11) == list(log.generations)
+    assert len(client.reads) == 3
+    # A commit adds generation 3: only it is read.
+    longer = _grown(log, 5)
+    client.nodes = _GenerationsClient(longer).nodes
+    assert store._committed_generations("t", "/t", created=11) == list(longer.generations)
+    assert client.reads[3:] == ["/t/generations/0000000003"]
+    # The topic made anew under the same name (another czxid): everything is read again.
+    client.reads.clear()
+    anew = GenerationLog.start(6)
+    client.nodes = _GenerationsClient(anew).nodes
+    assert store._committed_generations("t", "/t", created=42) == list(anew.generations)
+    assert client.reads == ["/t/generations/0000000000"]
