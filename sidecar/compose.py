@@ -220,16 +220,16 @@ class SidecarServer:
 
     async def _housekeeping(self) -> None:
         """Release change locks left by interrupted attempts, finish changes nobody
-        drives, and retire drained partitions."""
+        drives, withdraw barriers no change owns, and retire drained partitions."""
         while True:
             await asyncio.sleep(self.settings.changes.housekeeping_interval_s)
             try:
                 await self.store.release_leftover_locks()
             except SidecarError as exc:
                 _log.debug("leftover locks not checked: %s", exc.message)
-            for topic in list(self.sidecar.topics):
+            for topic, runtime in list(self.sidecar.topics.items()):
                 try:
-                    await self.changes.resume_abandoned(topic)
+                    await self.changes.resume_abandoned(topic, runtime.state.pending)
                     await self.retirer.retire(topic)
                 except SidecarError as exc:
                     # Another sidecar holds the lock or ZooKeeper is away: next round.

@@ -56,7 +56,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -726,11 +726,8 @@ class MetadataStore:
                 stat = self._client.set(path, data)
             else:
                 stat = self._client.set(path, data, version=expected)
-        except BadVersionError as exc:
-            self._journal_versions.pop(operation.topic, None)
-            raise ChangeTakenOver(
-                f"the journal of {operation.topic!r} was changed by another coordinator"
-            ) from exc
+        except BadVersionError:
+            self._journal_taken_over(operation.topic)
         except NoNodeError:
             self._client.create(path, data)
             stat = self._client.exists(path)
@@ -768,8 +765,9 @@ class MetadataStore:
     # Barrier --------------------------------------------------------------------------
 
     async def publish_barrier(self, topic: str, pending: PendingBarrier) -> None:
-        """Publish ``pending``; publishing it again is a no-op. Raises UnknownTopic, and
-        OperationInProgress if a different barrier is pending."""
+        """Publish ``pending``; publishing it again is a no-op. Raises UnknownTopic,
+        OperationInProgress if a different barrier is pending, and ChangeTakenOver if
+        another coordinator wrote the journal since this store did."""
         await self._run(self._publish_barrier, topic, pending)
 
     def _publish_barrier(self, topic: str, pending: PendingBarrier) -> None:
@@ -782,14 +780,48 @@ class MetadataStore:
             return
         if self._client.exists(path) is None:
             raise UnknownTopic(f"topic {topic!r} is not managed")
+        # A coordinator that lost its lock (paused past its session) and retries its
+        # publish after a successor finished the change would leave a barrier nobody
+        # owns, and every later change would be refused: only the journal's owner writes.
+        self._require_journal_owner(topic)
         # Acks left by an earlier attempt at this generation, interrupted while rolling
         # back, would count for sidecars that never held for this one.
         self._delete_tree(barrier)
         self._client.ensure_path(f"{path}/barrier")
         transaction = self._client.transaction()
+        self._check_journal_owner(transaction, topic)
         transaction.create(barrier)
         transaction.create(f"{path}/pending", _encode(pending_to_json(pending)))
-        _commit(transaction)
+        self._commit_as_owner(transaction, topic)
+
+    def _require_journal_owner(self, topic: str) -> None:
+        """Raise ChangeTakenOver if another coordinator wrote ``topic``'s journal since this
+        store read or wrote it (nothing is checked if it did neither)."""
+        expected = self._journal_versions.get(topic)
+        if expected is None:
+            return
+        stat = self._client.exists(self._ops_path(topic))
+        if stat is None or stat.version != expected:
+            self._journal_taken_over(topic)
+
+    def _check_journal_owner(self, transaction: Any, topic: str) -> None:
+        """Make ``transaction`` fail unless the journal is as this store last saw it."""
+        expected = self._journal_versions.get(topic)
+        if expected is not None:
+            transaction.check(self._ops_path(topic), expected)
+
+    def _commit_as_owner(self, transaction: Any, topic: str) -> None:
+        """Commit a transaction made with ``_check_journal_owner``; ChangeTakenOver if its
+        check failed."""
+        try:
+            _commit(transaction)
+        except BadVersionError:
+            self._require_journal_owner(topic)
+            raise
+
+    def _journal_taken_over(self, topic: str) -> NoReturn:
+        self._journal_versions.pop(topic, None)
+        raise ChangeTakenOver(f"the journal of {topic!r} was changed by another coordinator")
 
     async def ack_barrier(
         self, topic: str, generation: int, sidecar_id: str, acked: Mapping[int, int]
@@ -828,8 +860,26 @@ class MetadataStore:
         return acks
 
     async def remove_barrier(self, topic: str, generation: int) -> None:
-        """Withdraw the barrier for ``generation`` (a rollback) and its acks; idempotent."""
-        await self._run(self._remove_barrier, topic, generation)
+        """Withdraw the barrier for ``generation`` (a rollback) and its acks; idempotent.
+        Raises ChangeTakenOver if another coordinator wrote the journal since this store
+        did: the barrier may then be its successor's, published again when resuming."""
+        await self._run(self._withdraw_barrier, topic, generation)
+
+    def _withdraw_barrier(self, topic: str, generation: int) -> None:
+        pending_path = f"{self._topic_path(topic)}/pending"
+        self._require_journal_owner(topic)
+        try:
+            raw, stat = self._client.get(pending_path)
+        except NoNodeError:
+            pass
+        else:
+            if pending_from_json(json.loads(raw)).generation == generation:
+                transaction = self._client.transaction()
+                self._check_journal_owner(transaction, topic)
+                transaction.delete(pending_path, version=stat.version)
+                with suppress(NoNodeError):  # withdrawn meanwhile: that is the goal
+                    self._commit_as_owner(transaction, topic)
+        self._delete_tree(self._barrier_path(topic, generation))
 
     def _remove_barrier(self, topic: str, generation: int) -> None:
         pending_path = f"{self._topic_path(topic)}/pending"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.core.generations import Generation, GenerationLog, PartitionMode
-from sidecar.core.procedures import Operation
+from sidecar.core.procedures import FINAL_PHASES, Operation
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,24 @@ class PendingBarrier:
 
     generation: int
     target_count: int
+
+
+def orphaned_barrier(pending: PendingBarrier | None, journal: Operation | None) -> int | None:
+    """The generation of ``pending`` if no change owns it, else None.
+
+    Only the driver of the journal's change publishes a barrier, and only its own
+    (``journal.pending_generation`` to ``journal.target_count``); a barrier that is not
+    that of an unfinished journal was left behind (a coordinator that lost its lock
+    published it after a successor finished), and would refuse every later change.
+    Ask only while holding the topic's lock: a change just started has its journal
+    saved before it publishes, so between the two its barrier is owned.
+    """
+    if pending is None:
+        return None
+    if journal is None or journal.phase in FINAL_PHASES:
+        return pending.generation
+    owned = PendingBarrier(journal.pending_generation, journal.target_count)
+    return None if pending == owned else pending.generation
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@ The lock says who drives a change: a journal that is not final while nobody hold
 lock is abandoned (its coordinator died, or lost its session and with it the lock),
 and any sidecar's housekeeping resumes it. The journal is written compare-and-set, so
 a coordinator that was paused and finds its journal moved on stops instead of
-overwriting its successor's progress.
+overwriting its successor's progress; the barrier is published and withdrawn under the
+same check. A barrier no unfinished journal owns is withdrawn by whoever takes the lock
+next (``orphaned_barrier``), so one left behind cannot refuse the topic's changes.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from sidecar.core.procedures import (
     resume,
     step,
 )
-from sidecar.core.topics import PendingBarrier, TopicState
+from sidecar.core.topics import PendingBarrier, TopicState, orphaned_barrier
 from sidecar.core.truncation import TruncatedBoundary
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.boundaries import BoundaryCheck
@@ -104,6 +106,11 @@ class ChangeRunner:
         self.barrier_timeout_s = barrier_timeout_s
         self.kill_after_phase = kill_after_phase
         self.audit = audit
+        self._driving: set[str] = set()
+        """Topics whose change this sidecar drives now. One that lost its lock (paused
+        past its session) drives on until the journal refuses it; this sidecar must not
+        take the journal over meanwhile: its store would then accept that driver's
+        writes as its own."""
 
     async def confirm_truncation(self, topic: str) -> list[TruncatedBoundary]:
         """An operator accepts the loss of ``topic``'s lost boundaries (KIP-320), which
@@ -138,9 +145,11 @@ class ChangeRunner:
             await self.boundaries.require_intact(request.topic, state.log, "a change")
             operation, _, _ = self._plan(request, state)
             return operation
+        self._refuse_if_driving(request.topic)
         async with self.store.lock(request.topic, self.sidecar_id, self.settings.lock_timeout_s):
             # A change left unfinished (its coordinator died or lost the lock) comes first.
             stored = await self.store.take_over_operation(request.topic)
+            await self._withdraw_orphaned_barrier(request.topic, stored)
             if stored is not None and stored.phase not in FINAL_PHASES:
                 await self._drive(stored, on_progress)
                 stored = await self.store.take_over_operation(request.topic)
@@ -200,24 +209,64 @@ class ChangeRunner:
             )
         )
 
-    async def resume_abandoned(self, topic: str) -> Operation | None:
-        """Finish a change nobody drives (its journal is not final and its lock is free);
-        None if there is nothing to do. Raises OperationInProgress if the lock is taken."""
+    async def resume_abandoned(
+        self, topic: str, pending: PendingBarrier | None = None
+    ) -> Operation | None:
+        """Finish a change nobody drives (its journal is not final and its lock is free),
+        and withdraw a barrier no change owns; None if no change was resumed. ``pending``
+        is the barrier this sidecar last saw published (both are read again under the
+        lock). Raises OperationInProgress if the lock is taken."""
         stored = await self.store.read_operation(topic)
-        if stored is None or stored.phase in FINAL_PHASES:
+        unfinished = stored is not None and stored.phase not in FINAL_PHASES
+        if not unfinished and orphaned_barrier(pending, stored) is None:
             return None
+        self._refuse_if_driving(topic)
         async with self.store.lock(topic, self.sidecar_id, 0.0, purpose="resuming a change"):
             stored = await self.store.take_over_operation(topic)
+            await self._withdraw_orphaned_barrier(topic, stored)
             if stored is None or stored.phase in FINAL_PHASES:
                 return None
             _log.warning("resuming %s of %s left by %s", stored.kind, topic, stored.coordinator)
             return await self._drive(stored, None)
+
+    def _refuse_if_driving(self, topic: str) -> None:
+        if topic in self._driving:
+            raise OperationInProgress(
+                f"{self.sidecar_id} is still driving a change of {topic} it lost the lock of"
+            )
+
+    async def _withdraw_orphaned_barrier(self, topic: str, journal: Operation | None) -> None:
+        """Withdraw ``topic``'s pending barrier if ``journal`` (read under the lock) does
+        not own it: left as it is, every later change would be refused."""
+        state = await self.store.read_topic(topic)
+        generation = orphaned_barrier(state.pending, journal)
+        if generation is None:
+            return
+        _log.warning(
+            "withdrawing the barrier of generation %s of %s: no change owns it (journal: %s)",
+            generation,
+            topic,
+            "none" if journal is None else f"{journal.phase.value} of {journal.pending_generation}",
+        )
+        await self.store.remove_barrier(topic, generation)
 
     async def _drive(
         self,
         operation: Operation,
         on_progress: ProgressCallback | None,
         actions: list[Action] | None = None,
+    ) -> Operation:
+        self._driving.add(operation.topic)
+        try:
+            return await self._drive_steps(operation, on_progress, actions)
+        finally:
+            self._driving.discard(operation.topic)
+
+    async def _drive_steps(
+        self,
+        operation: Operation,
+        on_progress: ProgressCallback | None,
+        actions: list[Action] | None,
     ) -> Operation:
         if actions is None:
             actions = resume(operation)

@@ -214,6 +214,43 @@ async def test_a_change_nobody_drives_is_finished(
         assert description["lock"] is None
 
 
+LEFTOVER_WITHDRAWN_WITHIN_S = 10.0
+"""Housekeeping runs every 2 s on each sidecar; a few rounds, with ZooKeeper round trips."""
+
+
+@pytest.mark.parametrize("then", ["a change at once", "nothing: housekeeping"])
+@pytest.mark.parametrize("left", ["the committed generation", "a rolled-back generation"])
+async def test_a_barrier_no_change_owns_is_withdrawn(
+    cluster: ClusterEndpoints, left: str, then: str
+) -> None:
+    """What a coordinator paused past its session could leave before its store refused
+    it (a long chaos run found it): a pending barrier of a change that its successor had
+    already finished. Every later change of the topic would wait for it and roll back;
+    the sidecars withdraw it by themselves, and the next change is done."""
+    topic = unique("leftover")
+    async with running_sidecars(cluster, 2) as sidecars:
+        await sidecars[0].create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        assert (await sidecars[0].change_count(topic, 3))["phase"] == "done"
+        generation = 1 if left == "the committed generation" else 2
+        # A store that never read the journal writes without the owner's check, as the
+        # paused coordinator's write did when it landed.
+        await sidecars[1].server.store.publish_barrier(topic, PendingBarrier(generation, 4))
+        assert (await _describe(sidecars[0], topic))["pending"] is not None
+        if then == "a change at once":
+            operation = await sidecars[0].change_count(topic, 4)
+            assert operation["phase"] == "done", operation
+        else:
+            deadline = time.monotonic() + LEFTOVER_WITHDRAWN_WITHIN_S
+            while (await _describe(sidecars[0], topic))["pending"] is not None:
+                assert time.monotonic() < deadline, "the leftover barrier was never withdrawn"
+                await asyncio.sleep(0.2)
+            operation = await sidecars[1].change_count(topic, 4)
+            assert operation["phase"] == "done", operation
+        description = await _describe(sidecars[0], topic)
+        assert description["pending"] is None
+        assert description["undeleted_count"] == 4
+
+
 async def test_compacted_topics_get_relocation_tombstones(cluster: ClusterEndpoints) -> None:
     topic = unique("compact")
     async with running_sidecars(cluster, 1) as (sidecar,):

@@ -227,6 +227,41 @@ async def test_a_journal_taken_over_refuses_its_former_writer(
     await store.save_operation(dataclasses.replace(operation, phase=Phase.DONE))
 
 
+async def test_a_coordinator_taken_over_can_neither_publish_nor_withdraw_a_barrier(
+    cluster: ClusterEndpoints, root: str, store: MetadataStore
+) -> None:
+    """The leak of a long chaos run: a coordinator paused past its session retried its
+    publish after a successor had finished the change, and left a barrier that refused
+    every later change. Only the journal's owner writes the barrier."""
+    await _managed_topic(store)
+    operation = _operation("orders")
+    pending = PendingBarrier(operation.pending_generation, operation.target_count)
+    await store.take_over_operation("orders")
+    await store.save_operation(operation)
+    async with _started(cluster, root) as successor:
+        await successor.take_over_operation("orders")
+        await successor.publish_barrier("orders", pending)
+        await successor.save_operation(dataclasses.replace(operation, phase=Phase.ROLLING_BACK))
+        await successor.remove_barrier("orders", pending.generation)
+        await successor.save_operation(dataclasses.replace(operation, phase=Phase.ROLLED_BACK))
+    with pytest.raises(ChangeTakenOver):
+        await store.publish_barrier("orders", pending)
+    assert (await store.read_topic("orders")).pending is None
+    assert await store.barrier_acks("orders", pending.generation) == {}
+
+    # A barrier published by the owner: the former coordinator cannot withdraw it either.
+    await store.take_over_operation("orders")
+    async with _started(cluster, root) as owner:
+        await owner.take_over_operation("orders")
+        await owner.save_operation(operation)
+        await owner.publish_barrier("orders", pending)
+        with pytest.raises(ChangeTakenOver):
+            await store.remove_barrier("orders", pending.generation)
+        assert (await store.read_topic("orders")).pending == pending
+        await owner.remove_barrier("orders", pending.generation)
+    assert (await store.read_topic("orders")).pending is None
+
+
 # Barrier and commit ---------------------------------------------------------------------
 
 
