@@ -342,6 +342,12 @@ class ConsumerSettings:
     """Pause between attempts of a hand-off callback."""
     instance_idle_timeout_s: float = 300.0
     """A consumer instance unused this long is closed (REST Proxy's instance timeout)."""
+    stall_fence_s: float = 5.0
+    """After this sidecar's event loop did not run for this long (a stopped process, a
+    paused VM), its consumer instances tell no key hand-off and release nothing until
+    their group has rebalanced (they ask it to): meanwhile the group may have given
+    their partitions to another instance, whose app is told. Below Kafka's consumer
+    session timeout (10 s by default); 0: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -689,10 +695,9 @@ def _validate_consumer(values: ConsumerSettings) -> None:
     ):
         if not getattr(values, name) > 0:
             raise ConfigError(f"consumer.{name} must be positive, got {getattr(values, name)}")
-    if values.fetch_grace_s < 0:
-        raise ConfigError(
-            f"consumer.fetch_grace_s must not be negative, got {values.fetch_grace_s}"
-        )
+    for name in ("fetch_grace_s", "stall_fence_s"):
+        if getattr(values, name) < 0:
+            raise ConfigError(f"consumer.{name} must not be negative, got {getattr(values, name)}")
 
 
 MIN_GC_YOUNG_THRESHOLD = 100

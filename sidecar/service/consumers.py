@@ -17,6 +17,7 @@ import uuid
 from sidecar.core.errors import ConsumerStateConflict, UnknownConsumerInstance
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
+from sidecar.service.stalls import StallWatch
 
 _log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class Consumers:
         self._changed_topics: set[str] = set()
         """Topics whose assignable partitions changed in the current window."""
         self._rebalance_timer: asyncio.TimerHandle | None = None
+        self.stall_watch = StallWatch(context.settings.stall_fence_s)
+        self._stall_watcher: asyncio.Task[None] | None = None
 
     def assignable_changed(self, topic: str) -> None:
         """The topic's assignable partitions changed: rebalance the groups reading it.
@@ -74,12 +77,28 @@ class Consumers:
             raise ConsumerStateConflict(
                 f"consumer instance {config.name} already exists in group {config.group}"
             )
-        instance = ConsumerInstance(config, self.context, instance_key=self.instance_key(config))
+        instance = ConsumerInstance(
+            config,
+            self.context,
+            instance_key=self.instance_key(config),
+            stalled=self.stall_watch.stalled,
+        )
+        if self._stall_watcher is None:
+            self._stall_watcher = self.stall_watch.start(self._stalled)
         self.instances[key] = instance
         await self.context.store.register_group(config.group)
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._expire_idle())
         return instance
+
+    def _stalled(self, seconds: float) -> None:
+        fenced = [i.instance_id for i in self.instances.values() if i.stalled(seconds)]
+        _log.warning(
+            "this process did not run for %.1f s; rebalancing before telling or "
+            "delivering more: %s",
+            seconds,
+            fenced or "no instance subscribed",
+        )
 
     def get(self, group: str, name: str) -> ConsumerInstance:
         instance = self.instances.get((group, name))
@@ -98,10 +117,11 @@ class Consumers:
         if self._rebalance_timer is not None:
             self._rebalance_timer.cancel()
             self._rebalance_timer = None
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._stall_watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for key in list(self.instances):
             await self.instances.pop(key).close()
 

@@ -41,6 +41,7 @@ class HandoffTeller:
         instance_id: str,
         store: GroupStore,
         callbacks: CallbackClient | None,
+        stalled: Callable[[], bool] = lambda: False,
     ) -> None:
         self.group = group
         self.instance_id = instance_id
@@ -51,10 +52,36 @@ class HandoffTeller:
         acknowledged revocations, as last read from ZooKeeper)."""
         self._unrecorded: set[Subject] = set()
         """keys_revoked acknowledged here but not written to ZooKeeper yet (it was away)."""
+        self._stalled = stalled
+        self._fenced = False
+        """Set after a stall of this process until the group's next assignment (see
+        ``fence``)."""
         self._revoke_calls: dict[Subject, tuple[asyncio.Task[None], bool]] = {}
         """keys_revoked callbacks under way (and whether each is patient): the release
         loop, a commit and a rebalance listener can all need the same one at once, and
         the app must be called once, not once per need."""
+
+    # Stalls -------------------------------------------------------------------------------
+
+    def fence(self) -> None:
+        """This process stopped for a while (``StallWatch``): the group may have given
+        its partitions to another instance, which tells its own app. Nothing is told
+        until ``unfence`` (the group's next assignment)."""
+        self._fenced = True
+
+    def unfence(self) -> None:
+        self._fenced = False
+
+    @property
+    def fenced(self) -> bool:
+        return self._fenced or self._stalled()
+
+    def _require_unfenced(self) -> None:
+        if self.fenced:
+            raise ConsumerStateConflict(
+                "this sidecar was stopped for a while; its consumer group is rebalancing "
+                "before anything more is told or delivered: retry the request"
+            )
 
     # The group's acknowledgements ---------------------------------------------------------
 
@@ -73,7 +100,10 @@ class HandoffTeller:
     async def pending_events(self) -> list[HandoffEvent]:
         """The events the app still has to acknowledge, less the keys_revoked the group
         acknowledged meanwhile through another instance (a previous owner of the
-        partition, whose app got it first): those are told once, not again."""
+        partition, whose app got it first): those are told once, not again. None while
+        fenced."""
+        if self.fenced:
+            return []
         pending = self.ledger.pending.values()
         revoking = {e.topic for e in pending if e.kind is HandoffKind.KEYS_REVOKED}
         for topic in revoking:
@@ -132,7 +162,9 @@ class HandoffTeller:
     async def announce(
         self, kind: HandoffKind, subject: Subject, events: list[HandoffEvent]
     ) -> bool:
-        """Tell the app; True once it has confirmed (callback 2xx or event acknowledged)."""
+        """Tell the app; True once it has confirmed (callback 2xx or event acknowledged).
+        Raises ConsumerStateConflict while fenced."""
+        self._require_unfenced()
         if self.callbacks is not None:
             await self._call_back(kind, subject)
             self.ledger = self.ledger.confirmed(kind, *subject)
@@ -159,10 +191,12 @@ class HandoffTeller:
         """None once the app knows of ``revocation`` (its callback answered, or its event
         was acknowledged, here or through another instance of the group); otherwise the
         event it still has to acknowledge, created on first need. In callback mode this
-        calls the callback (see ``_call_back``; raises CallbackFailed)."""
+        calls the callback (see ``_call_back``; raises CallbackFailed). Raises
+        ConsumerStateConflict while fenced."""
         subject = Subject(topic, revocation.partition, revocation.generation)
         if self.ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
             return None
+        self._require_unfenced()
         if self.callbacks is not None:
             await self._revoke_call(subject, patient=patient)
             await self.record_unrecorded()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sidecar.adapters.callbacks import CallbackClient
@@ -59,7 +59,12 @@ class InstanceConfig:
 
 class ConsumerInstance:
     def __init__(
-        self, config: InstanceConfig, context: ConsumeContext, *, instance_key: str
+        self,
+        config: InstanceConfig,
+        context: ConsumeContext,
+        *,
+        instance_key: str,
+        stalled: Callable[[], bool] = lambda: False,
     ) -> None:
         self.config = config
         self.context = context
@@ -75,7 +80,9 @@ class ConsumerInstance:
                 config.callback_url, config.callback_timeout_s
             )
         self.partitions: Positions[ConsumedRecord] = Positions()
-        self.handoff = HandoffTeller(config.group, config.name, context.store, self._callbacks)
+        self.handoff = HandoffTeller(
+            config.group, config.name, context.store, self._callbacks, stalled
+        )
         self.waits = GateWaits(config.group, instance_key, context.store, context.metrics)
         delivery_lock = asyncio.Lock()
         self.notices = AssignmentNotices(
@@ -180,6 +187,18 @@ class ConsumerInstance:
         consumer = self._consumer
         if consumer is None or self.manual or not set(topics) & set(self.subscribed_topics()):
             return False
+        consumer.request_rejoin()
+        self.context.metrics.rebalance_requested(self.config.group)
+        return True
+
+    def stalled(self, seconds: float) -> bool:
+        """This process did not run for ``seconds``: fence the hand-off and ask the group
+        to rebalance (True if asked). An instance with partitions assigned by hand has no
+        group to lose them to."""
+        consumer = self._consumer
+        if consumer is None or self.manual or not self.subscribed_topics():
+            return False
+        self.handoff.fence()
         consumer.request_rejoin()
         self.context.metrics.rebalance_requested(self.config.group)
         return True
@@ -300,6 +319,8 @@ class ConsumerInstance:
     async def partitions_assigned(self, partitions: set[TopicPartition]) -> None:
         # Buffers start empty; positions come from the group's committed offsets.
         ordered = sorted(partitions)
+        # The group has said again who owns what: a fence of a stall is lifted.
+        self.handoff.unfence()
         self.context.metrics.rebalanced(self.config.group)
         if self._consumer is not None:
             self.partitions.follow(ordered, self._consumer.incarnation())

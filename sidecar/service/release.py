@@ -197,6 +197,10 @@ class Release:
         # A response is confirmed or put back before the next poll; one neither (a
         # failure between the two) is put back: delivered twice, never skipped.
         self.positions.unsent()
+        if self.teller.fenced:
+            # After a stall nothing is released until the group has rebalanced: the
+            # partitions may be another instance's by now (HandoffTeller.fence).
+            return PollResult([], [], [])
         released: list[ConsumedRecord] = []
         events = await self.teller.pending_events()
         # Under the delivery lock, which the rebalance listener takes to queue them.

@@ -301,6 +301,49 @@ async def test_consumer_bad_input(cluster: ClusterEndpoints) -> None:
         assert status == 404
 
 
+STALL_RECOVERED_WITHIN_S = 30.0
+"""A rebalance of a one-member group, asked at once; well within a Kafka session."""
+
+
+async def test_a_stalled_sidecar_rebalances_before_it_tells_or_delivers_more(
+    cluster: ClusterEndpoints,
+) -> None:
+    """A long chaos run: sidecars stopped past their sessions resumed still owning
+    partitions the group had given to others, and told their apps keys_revoked that the
+    new owners told too. After its event loop did not run for ``consumer.stall_fence_s``
+    (here it is blocked, as a stopped process's is) an instance tells and releases
+    nothing until its group has rebalanced, asks for that rebalance, and goes on."""
+    topic, group = unique("stall"), unique("group")
+    async with running_sidecars(cluster, 1) as (sidecar,):
+        await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+        await sidecar.produce(topic, [{"key": f"k{i}", "value": i} for i in range(10)])
+        consumer = await create_consumer(sidecar, group, "c")
+        await consumer.subscribe(topic)
+        await _drain(consumer, 10)
+        status, body = await consumer.commit()  # else the rebalance delivers them again
+        assert status == 204, body
+        metrics = sidecar.server.metrics
+        label = metrics.group_label(group)
+        requested = metrics.rebalance_requests.labels(label)._value.get()
+        rebalances = metrics.rebalances.labels(label)._value.get()
+        await sidecar.produce(topic, [{"key": f"k{i}", "value": i} for i in range(10, 20)])
+        handoff = sidecar.server.consumers.instances[(group, "c")].handoff
+
+        def fenced() -> bool:
+            return handoff.fenced
+
+        assert not fenced()
+
+        # The loop must not run, as in a stopped process.
+        time.sleep(sidecar.server.settings.consumer.stall_fence_s + 0.5)  # noqa: ASYNC251
+        assert fenced()  # before the loop has run again
+        got = await _drain(consumer, 10, within_s=STALL_RECOVERED_WITHIN_S)
+        assert sorted(json.loads(decoded(r)[1] or b"") for r in got) == list(range(10, 20))
+        assert not fenced()
+        assert metrics.rebalance_requests.labels(label)._value.get() == requested + 1
+        assert metrics.rebalances.labels(label)._value.get() > rebalances
+
+
 async def test_a_caught_up_group_is_told_keys_revoked_before_the_new_partition_opens(
     cluster: ClusterEndpoints,
 ) -> None:

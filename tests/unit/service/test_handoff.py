@@ -18,7 +18,7 @@ from aiohttp import web
 
 from sidecar.adapters.callbacks import CallbackClient
 from sidecar.core.consume import TopicPartition
-from sidecar.core.errors import CallbackFailed, MetadataUnavailable
+from sidecar.core.errors import CallbackFailed, ConsumerStateConflict, MetadataUnavailable
 from sidecar.core.handoff import HandoffKind, Revocation, Subject
 from sidecar.http.callback_codec import encode_callback
 from sidecar.service.handoff import HandoffTeller
@@ -117,6 +117,27 @@ async def test_needs_at_once_call_the_app_once() -> None:
         assert list(answers) == [None, None, None]
         assert len(app.calls) == 1, app.calls
         # Known from now on: a later need calls nobody.
+        assert await teller.revocation_pending("t", revocation) is None
+        assert len(app.calls) == 1
+        assert ("g", "t", 0, 1) in store.acknowledged
+    finally:
+        await _close(teller)
+        await runner.cleanup()
+
+
+async def test_a_fenced_teller_tells_nothing_until_unfenced() -> None:
+    """After a stall of the process the group may have given the partition to another
+    instance, whose app is told: this one tells nothing until the group reassigned."""
+    app = _App()
+    teller, runner, store = await _teller(app)
+    revocation = Revocation(partition=0, generation=1, boundary=10)
+    try:
+        teller.fence()
+        with pytest.raises(ConsumerStateConflict, match="rebalancing"):
+            await teller.revocation_pending("t", revocation)
+        assert await teller.pending_events() == []
+        assert app.calls == []
+        teller.unfence()
         assert await teller.revocation_pending("t", revocation) is None
         assert len(app.calls) == 1
         assert ("g", "t", 0, 1) in store.acknowledged
