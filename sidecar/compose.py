@@ -35,7 +35,7 @@ from sidecar.core.procedures import Phase, warm_transactional_id
 from sidecar.http.access_log import access_log_options
 from sidecar.http.app import build_app
 from sidecar.http.callback_codec import encode_callback
-from sidecar.http.connections import LINGERING_TIME_S, ConnectionGuard, GuardedSite
+from sidecar.http.connections import ConnectionGuard, GuardedSite
 from sidecar.http.connections import install as install_connection_guard
 from sidecar.http.consumer_routes import add_routes as add_consumer_routes
 from sidecar.http.ops import build_ops_app
@@ -54,7 +54,7 @@ _log = logging.getLogger(__name__)
 class SidecarServer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings.validate()
-        self.metrics = SidecarMetrics()
+        self.metrics = SidecarMetrics(limits=settings.metrics)
         self.store = MetadataStore(
             settings.zookeeper.hosts,
             root=settings.zookeeper.root,
@@ -104,6 +104,7 @@ class SidecarServer:
             max_connections=settings.http.max_connections,
             header_read_timeout_s=settings.http.header_read_timeout_s,
             body_read_timeout_s=settings.http.body_read_timeout_s,
+            refusal_linger_s=settings.http.refusal_linger_s,
             metrics=self.metrics,
         )
         install_connection_guard(self.app, self.connections)
@@ -138,7 +139,7 @@ class SidecarServer:
             shutdown_timeout=self.settings.http.shutdown_grace_s,
             handle_signals=False,
             keepalive_timeout=http.keepalive_timeout_s,
-            lingering_time=LINGERING_TIME_S,
+            lingering_time=http.lingering_time_s,
             **access_log_options(http.access_log),
         )
         await self._runner.setup()

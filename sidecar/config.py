@@ -253,10 +253,19 @@ class HttpSettings:
     body_read_timeout_s: float = 30.0
     """A request body must be complete this long after its head, or 408 and closed."""
     keepalive_timeout_s: float = 75.0
-    shutdown_grace_s: float = 30.0
-    """On SIGTERM, how long requests in progress may take before the server closes."""
     """An idle kept-alive connection is closed after this long (nginx's default: longer
     than the idle time most HTTP clients reuse a connection for)."""
+    shutdown_grace_s: float = 30.0
+    """On SIGTERM, how long requests in progress may take before the server closes."""
+    lingering_time_s: float = 2.0
+    """aiohttp's ``lingering_time``: after an answer that closes a connection whose body
+    was not read (a 408, a 413), how long the rest of the body is read and dropped so the
+    client can read the answer. aiohttp's default, 10 s, would keep a connection whose
+    body never comes open that much longer."""
+    refusal_linger_s: float = 1.0
+    """How long a connection refused over ``max_connections`` is kept half-closed so the
+    client reads its 503 (closing with its request unread would reset the connection and
+    lose the answer)."""
     access_log: str = "errors"
     """``errors``: one line per request answered 400 or above; ``all``: every request;
     ``off``: none (logger ``sidecar.access``, INFO)."""
@@ -278,6 +287,9 @@ class ProduceSettings:
     barrier_timeout_s: float = 20.0
     """How long a coordinator waits for every live sidecar to ack before rolling back."""
     tombstone_cache_size: int = 100_000
+    unmanaged_cache_size: int = 10_000
+    """Most "this topic is not managed" answers kept (topic names come from clients, so
+    the cache is bounded; the oldest answer is forgotten first)."""
     unmanaged_cache_s: float = 1.0
     """How long "this topic is not managed" is believed without asking ZooKeeper again
     (a new managed topic is also noticed at once by a watch). Shorter than the session
@@ -342,12 +354,33 @@ class ConsumerSettings:
     """Pause between attempts of a hand-off callback."""
     instance_idle_timeout_s: float = 300.0
     """A consumer instance unused this long is closed (REST Proxy's instance timeout)."""
+    max_poll_bytes: int = 64 * 1024 * 1024
+    """The largest ``max_bytes`` a records request may ask for."""
+    callback_patience_s: float = 30.0
+    """How long a hand-off callback that a release or a commit waits for is retried, at
+    least (longer if ``callback_timeout_s`` of the instance is)."""
+    revoke_ack_poll_s: float = 0.02
+    """How often a rebalance that waits for keys_revoked acknowledgements looks again."""
+    idle_check_interval_s: float = 10.0
+    """The longest pause between two looks for idle instances (half of
+    ``instance_idle_timeout_s`` if that is shorter)."""
     stall_fence_s: float = 5.0
     """After this sidecar's event loop did not run for this long (a stopped process, a
     paused VM), its consumer instances tell no key hand-off and release nothing until
     their group has rebalanced (they ask it to): meanwhile the group may have given
     their partitions to another instance, whose app is told. Below Kafka's consumer
     session timeout (10 s by default); 0: off."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """Bounds on the Prometheus exposition: topic and group names are the apps' choice,
+    and each one would be a series of every labelled metric."""
+
+    max_topic_labels: int = 1000
+    """Topics counted under their own name; the others under ``_other``."""
+    max_group_labels: int = 100
+    """Consumer groups counted under their own name; the others under ``_other``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +459,7 @@ class Settings:
     changes: ChangeSettings = field(default_factory=ChangeSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     process: ProcessSettings = field(default_factory=ProcessSettings)
     faults: FaultSettings = field(default_factory=FaultSettings)
     startup: StartupSettings = field(default_factory=StartupSettings)
@@ -506,6 +540,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "changes": ChangeSettings,
     "consumer": ConsumerSettings,
     "audit": AuditSettings,
+    "metrics": MetricsSettings,
     "process": ProcessSettings,
     "faults": FaultSettings,
     "startup": StartupSettings,
@@ -669,9 +704,15 @@ _POSITIVE = {
     ),
     "zookeeper": ("lock_poll_s", "transaction_attempts", "topic_list_interval_s"),
     "kafka": ("reset_backoff_s", "retry_backoff_s", "transaction_poll_ms"),
-    "http": ("shutdown_grace_s",),
-    "produce": ("writer_retry_s", "stream_max_in_flight", "stream_idle_timeout_s"),
+    "http": ("shutdown_grace_s", "lingering_time_s", "refusal_linger_s"),
+    "produce": (
+        "writer_retry_s",
+        "stream_max_in_flight",
+        "stream_idle_timeout_s",
+        "unmanaged_cache_size",
+    ),
     "audit": ("batch_size", "partitions"),
+    "metrics": ("max_topic_labels", "max_group_labels"),
 }
 
 
@@ -692,6 +733,10 @@ def _validate_consumer(values: ConsumerSettings) -> None:
         "rebalance_window_s",
         "callback_retry_s",
         "instance_idle_timeout_s",
+        "callback_patience_s",
+        "max_poll_bytes",
+        "revoke_ack_poll_s",
+        "idle_check_interval_s",
     ):
         if not getattr(values, name) > 0:
             raise ConfigError(f"consumer.{name} must be positive, got {getattr(values, name)}")
@@ -905,7 +950,7 @@ def _validate(section: str, values: Any) -> None:
         _validate_kafka_security(values)
     if section == "zookeeper":
         _validate_zookeeper_security(values.security)
-    if section in {"changes", "zookeeper", "kafka", "http", "produce", "audit"}:
+    if section in _POSITIVE:
         _validate_positive(section, values)
     if section == "kafka" and values.replication_margin_ms < 0:
         raise ConfigError("kafka.replication_margin_ms must not be negative")

@@ -7,11 +7,11 @@ one process and read each one's counters. Names follow Prometheus conventions:
 
 Label cardinality is bounded by design, as Karapace normalises request paths: a topic
 label is the name only of a topic the sidecar knows exists (a managed topic, or one
-Kafka confirmed by serving a request for it), at most ``MAX_TOPIC_LABELS`` of them;
+Kafka confirmed by serving a request for it), at most ``metrics.max_topic_labels`` of them;
 any other topic named in a request counts under ``UNKNOWN_TOPIC`` (and known topics
 past the bound under ``OTHER_TOPIC``). So no request, however many topic names it
 invents, adds a series. Consumer groups are labelled likewise, at most
-``MAX_GROUP_LABELS`` of them (then ``OTHER_GROUP``).
+``metrics.max_group_labels`` of them (then ``OTHER_GROUP``).
 """
 
 from __future__ import annotations
@@ -20,23 +20,26 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sidecar.config import MetricsSettings
+
 UNKNOWN_TOPIC: Final = "_unknown"
 """The topic label of requests for topics not known to exist (no such topic, invalid
 name, or a request refused before the topic was looked up)."""
 OTHER_TOPIC: Final = "_other"
-"""The topic label of known topics beyond ``MAX_TOPIC_LABELS``."""
-MAX_TOPIC_LABELS: Final = 1000
+"""The topic label of known topics beyond ``metrics.max_topic_labels``."""
 OTHER_GROUP: Final = "_other"
-"""The group label of consumer groups beyond ``MAX_GROUP_LABELS``."""
-MAX_GROUP_LABELS: Final = 100
+"""The group label of consumer groups beyond ``metrics.max_group_labels``."""
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class SidecarMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, limits: MetricsSettings | None = None
+    ) -> None:
         self.registry = registry or CollectorRegistry()
+        self.limits = limits or MetricsSettings()
         self._topic_labels: set[str] = set()
         self._group_labels: set[str] = set()
         r = self.registry
@@ -251,25 +254,25 @@ class SidecarMetrics:
 
         ``exists`` says whether the caller knows the topic exists (it is managed, or
         Kafka just served it). A topic once labelled keeps its label; one not known to
-        exist is ``UNKNOWN_TOPIC``; past ``MAX_TOPIC_LABELS`` names, ``OTHER_TOPIC``.
+        exist is ``UNKNOWN_TOPIC``; past ``metrics.max_topic_labels`` names, ``OTHER_TOPIC``.
         """
         if topic in self._topic_labels:
             return topic
         if not exists:
             return UNKNOWN_TOPIC
-        if len(self._topic_labels) >= MAX_TOPIC_LABELS:
+        if len(self._topic_labels) >= self.limits.max_topic_labels:
             return OTHER_TOPIC
         self._topic_labels.add(topic)
         return topic
 
     def group_label(self, group: str) -> str:
         """The label to count a consumer group under: its name, for the first
-        ``MAX_GROUP_LABELS`` groups this sidecar served; ``OTHER_GROUP`` after that.
+        ``metrics.max_group_labels`` groups this sidecar served; ``OTHER_GROUP`` after that.
         Group names are the apps' choice, and an app that makes a group per run must
         not grow the exposition for ever."""
         if group in self._group_labels:
             return group
-        if len(self._group_labels) >= MAX_GROUP_LABELS:
+        if len(self._group_labels) >= self.limits.max_group_labels:
             return OTHER_GROUP
         self._group_labels.add(group)
         return group

@@ -40,15 +40,6 @@ from sidecar.core.errors import RequestTimeout, TooManyConnections
 from sidecar.http.error_map import error_response
 from sidecar.metrics import SidecarMetrics
 
-LINGERING_TIME_S: Final = 2.0
-"""aiohttp's ``lingering_time`` for the runner: after an answer that closes a connection
-whose body was not read (a 408, a 413), how long the rest of the body is read and dropped
-so the client can read the answer. aiohttp's default, 10 s, would keep a connection whose
-body never comes open that much longer."""
-REFUSAL_LINGER_S: Final = 1.0
-"""How long a refused connection is kept half-closed so the client reads its 503 (closing
-with its request unread would reset the connection and lose the answer)."""
-
 
 class ConnectionGuard:
     def __init__(
@@ -57,9 +48,11 @@ class ConnectionGuard:
         max_connections: int,
         header_read_timeout_s: float,
         body_read_timeout_s: float,
+        refusal_linger_s: float,
         metrics: SidecarMetrics,
     ) -> None:
         self.max_connections = max_connections
+        self.refusal_linger_s = refusal_linger_s
         self.header_read_timeout_s = header_read_timeout_s
         self.body_read_timeout_s = body_read_timeout_s
         self._metrics = metrics
@@ -213,7 +206,7 @@ class _GuardedProtocol(asyncio.Protocol):
         transport.write(head.encode("ascii") + body)
         if transport.can_write_eof():
             transport.write_eof()
-        asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
+        asyncio.get_running_loop().call_later(self._guard.refusal_linger_s, transport.close)
 
 
 class GuardedSite(web.BaseSite):

@@ -49,9 +49,8 @@ from sidecar.service.instance import ConsumerInstance, InstanceConfig
 
 CONSUMERS_KEY: Final = web.AppKey("consumers", Consumers)
 
-DEFAULT_POLL_TIMEOUT_MS: Final = 1000
-"""REST Proxy's ``consumer.request.timeout.ms`` default; an instance may set its own."""
-MAX_POLL_BYTES: Final = 64 * 1024 * 1024
+_DEFAULTS: Final = InstanceConfig(group="", name="", format="binary")
+"""What an instance gets for a setting its creation request leaves out."""
 
 
 def add_routes(app: web.Application, consumers: Consumers) -> None:
@@ -100,12 +99,20 @@ async def create(request: web.Request) -> web.Response:
         group=group,
         name=decoded.name or new_instance_name(),
         format=decoded.format.value,
-        auto_offset_reset=(decoded.auto_offset_reset or "latest"),
+        auto_offset_reset=decoded.auto_offset_reset or _DEFAULTS.auto_offset_reset,
         auto_commit=bool(decoded.auto_commit),
         callback_url=decoded.callback_url,
-        callback_timeout_s=(decoded.callback_timeout_ms or 5000) / 1000,
-        poll_timeout_ms=decoded.request_timeout_ms or DEFAULT_POLL_TIMEOUT_MS,
-        fetch_min_bytes=1 if decoded.fetch_min_bytes is None else decoded.fetch_min_bytes,
+        callback_timeout_s=(
+            _DEFAULTS.callback_timeout_s
+            if decoded.callback_timeout_ms is None
+            else decoded.callback_timeout_ms / 1000
+        ),
+        poll_timeout_ms=decoded.request_timeout_ms or _DEFAULTS.poll_timeout_ms,
+        fetch_min_bytes=(
+            _DEFAULTS.fetch_min_bytes
+            if decoded.fetch_min_bytes is None
+            else decoded.fetch_min_bytes
+        ),
         assignment_events=decoded.assignment_events,
         record_headers=decoded.record_headers.value,
     )
@@ -169,7 +176,7 @@ async def records(request: web.Request) -> web.StreamResponse:
     query = decode_records_query(
         request.query,
         default_timeout_ms=instance.config.poll_timeout_ms,
-        max_bytes_limit=MAX_POLL_BYTES,
+        max_bytes_limit=request.app[CONSUMERS_KEY].context.settings.max_poll_bytes,
     )
     async with instance.lock:
         result = await instance.poll(query.timeout_ms / 1000, query.max_bytes)

@@ -3,8 +3,8 @@
 Routes: ``POST /mutate`` (AdmissionReview v1, see ``review.py``) and ``GET /healthz``.
 The API server only talks HTTPS to webhooks, so ``--tls-cert`` and ``--tls-key`` are
 required unless ``--insecure-http`` is given (tests, or behind a TLS-terminating proxy).
-The certificate files are re-read when they change (checked every
-``CERT_RELOAD_S``), so a rotated Secret (cert-manager) is served without a restart.
+The certificate files are re-read when they change (checked every ``--cert-reload-s``
+seconds), so a rotated Secret (cert-manager) is served without a restart.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from sidecar.inject.patch import InjectConfig
 from sidecar.inject.review import admit
 
 CERT_RELOAD_S: Final = 30.0
+"""The default of ``--cert-reload-s``."""
 MAX_REVIEW_BYTES: Final = 4 * 1024 * 1024
 CONFIG_KEY: Final = web.AppKey("inject_config", InjectConfig)
 
@@ -66,9 +67,16 @@ class WebhookServer:
     """The webhook on ``host:port`` (port 0 picks a free one); HTTPS unless ``tls`` is None."""
 
     def __init__(
-        self, config: InjectConfig, host: str, port: int, tls: tuple[Path, Path] | None
+        self,
+        config: InjectConfig,
+        host: str,
+        port: int,
+        tls: tuple[Path, Path] | None,
+        *,
+        cert_reload_s: float = CERT_RELOAD_S,
     ) -> None:
         self.app = build_webhook_app(config)
+        self.cert_reload_s = cert_reload_s
         self.host = host
         self.port = port
         self._tls = tls
@@ -107,7 +115,7 @@ class WebhookServer:
         assert self._ssl is not None
         seen = _mtimes(cert, key)
         while True:
-            await asyncio.sleep(CERT_RELOAD_S)
+            await asyncio.sleep(self.cert_reload_s)
             current = _mtimes(cert, key)
             if current == seen:
                 continue
@@ -143,6 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8443)
     parser.add_argument("--tls-cert", type=Path, help="PEM certificate chain")
     parser.add_argument("--tls-key", type=Path, help="PEM private key")
+    parser.add_argument(
+        "--cert-reload-s",
+        type=float,
+        default=CERT_RELOAD_S,
+        help=f"seconds between checks of the certificate files (default {CERT_RELOAD_S:g})",
+    )
     parser.add_argument(
         "--insecure-http", action="store_true", help="serve plain HTTP (tests only)"
     )
@@ -213,7 +227,11 @@ def run_webhook(args: argparse.Namespace) -> int:
         return 2
     else:
         tls = (args.tls_cert, args.tls_key)
-    asyncio.run(_serve(WebhookServer(config, args.host, args.port, tls)))
+    if not args.cert_reload_s > 0:
+        print("sidecar inject-webhook: --cert-reload-s must be positive", file=sys.stderr)
+        return 2
+    server = WebhookServer(config, args.host, args.port, tls, cert_reload_s=args.cert_reload_s)
+    asyncio.run(_serve(server))
     return 0
 
 

@@ -21,9 +21,6 @@ from sidecar.service.stalls import StallWatch
 
 _log = logging.getLogger(__name__)
 
-REAPER_INTERVAL_S = 10.0
-"""The longest the idle reaper sleeps between looks (half the idle timeout if shorter)."""
-
 
 class Consumers:
     """Every consumer instance of this sidecar, by (group, name)."""
@@ -127,7 +124,8 @@ class Consumers:
 
     async def _expire_idle(self) -> None:
         while True:
-            await asyncio.sleep(min(REAPER_INTERVAL_S, self.instance_timeout_s / 2))
+            interval_s = self.context.settings.idle_check_interval_s
+            await asyncio.sleep(min(interval_s, self.instance_timeout_s / 2))
             now = time.monotonic()
             for key, instance in list(self.instances.items()):
                 if (

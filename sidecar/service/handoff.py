@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from sidecar.adapters.callbacks import CallbackClient
+from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import CallbackFailed, ConsumerStateConflict, SidecarError
 from sidecar.core.handoff import (
@@ -30,9 +31,6 @@ from sidecar.service.consume_context import GroupStore
 
 _log = logging.getLogger(__name__)
 
-PATIENT_CALLBACK_S = 30.0
-"""How long a callback the release or a commit waits for is retried (at least)."""
-
 
 class HandoffTeller:
     def __init__(
@@ -42,8 +40,12 @@ class HandoffTeller:
         store: GroupStore,
         callbacks: CallbackClient | None,
         stalled: Callable[[], bool] = lambda: False,
+        *,
+        patience_s: float = ConsumerSettings().callback_patience_s,
     ) -> None:
         self.group = group
+        self.patience_s = patience_s
+        """How long a patient callback is retried, at least (``consumer.callback_patience_s``)."""
         self.instance_id = instance_id
         self.store = store
         self.callbacks = callbacks
@@ -228,13 +230,13 @@ class HandoffTeller:
         patient: bool = True,
         still_needed: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
-        """POST the hand-off event and wait for a 2xx; retried for 30 s if ``patient``,
+        """POST the hand-off event and wait for a 2xx; retried for ``patience_s`` if ``patient``,
         else for one callback timeout. ``still_needed`` is asked before every attempt
         (False: done without calling). Raises CallbackFailed."""
         assert self.callbacks is not None
         within_s = self.callbacks.timeout_s
         if patient:
-            within_s = max(PATIENT_CALLBACK_S, within_s)
+            within_s = max(self.patience_s, within_s)
         message = HandoffCallback(kind, self.group, self.instance_id, subject)
         failure = await self.callbacks.post(message, within_s=within_s, still_needed=still_needed)
         if failure is not None:

@@ -81,7 +81,12 @@ class ConsumerInstance:
             )
         self.partitions: Positions[ConsumedRecord] = Positions()
         self.handoff = HandoffTeller(
-            config.group, config.name, context.store, self._callbacks, stalled
+            config.group,
+            config.name,
+            context.store,
+            self._callbacks,
+            stalled,
+            patience_s=context.settings.callback_patience_s,
         )
         self.waits = GateWaits(config.group, instance_key, context.store, context.metrics)
         delivery_lock = asyncio.Lock()

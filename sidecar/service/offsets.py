@@ -26,9 +26,6 @@ from sidecar.service.handoff import HandoffTeller
 
 _log = logging.getLogger(__name__)
 
-SETTLE_POLL_S = 0.02
-"""How often ``settle_before_revoke`` looks for the app's acknowledgements."""
-
 
 class Offsets:
     def __init__(
@@ -159,7 +156,7 @@ class Offsets:
         while any((p, g) not in acknowledged(topic) for topic, p, g in pending):
             if time.monotonic() >= deadline:
                 return
-            await asyncio.sleep(SETTLE_POLL_S)
+            await asyncio.sleep(self.context.settings.revoke_ack_poll_s)
 
     async def commit_quietly(self, *, force: bool) -> None:
         """Auto-commit; a failure (a rebalance in progress, a coordinator moving) is

@@ -52,9 +52,6 @@ from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
 
-UNMANAGED_CACHE_SIZE = 10_000
-"""Most "not managed" answers kept (names come from clients: bounded)."""
-
 
 @dataclass
 class TopicRuntime:
@@ -269,7 +266,7 @@ class TopicRegistry:
         try:
             state = await self.store.read_topic(topic)
         except UnknownTopic:
-            if len(self._unmanaged) >= UNMANAGED_CACHE_SIZE:
+            if len(self._unmanaged) >= self.settings.produce.unmanaged_cache_size:
                 self._unmanaged.clear()  # bounded: names come from clients
             self._unmanaged[topic] = now
             return None

@@ -23,7 +23,6 @@ import aiohttp
 import pytest
 import trustme
 
-from sidecar.inject import server as server_module
 from sidecar.inject.patch import CONTAINER_NAME, InjectConfig, sidecar_container
 from sidecar.inject.server import WebhookServer
 from tests.ops.support import apply_patch
@@ -112,8 +111,10 @@ CREDENTIALS_REVIEW = Path(__file__).with_name("reviews") / "pod-create-with-cred
 
 
 @asynccontextmanager
-async def webhook(tls: tuple[Path, Path] | None = None) -> AsyncIterator[WebhookServer]:
-    server = WebhookServer(CONFIG, "127.0.0.1", 0, tls)
+async def webhook(
+    tls: tuple[Path, Path] | None = None, cert_reload_s: float = 30.0
+) -> AsyncIterator[WebhookServer]:
+    server = WebhookServer(CONFIG, "127.0.0.1", 0, tls, cert_reload_s=cert_reload_s)
     await server.start()
     try:
         yield server
@@ -298,16 +299,13 @@ def write_certificate(authority: trustme.CA, directory: Path) -> tuple[Path, Pat
     return cert_path, key_path
 
 
-async def test_a_rotated_certificate_is_served_without_a_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(server_module, "CERT_RELOAD_S", 0.1)
+async def test_a_rotated_certificate_is_served_without_a_restart(tmp_path: Path) -> None:
     old_authority, new_authority = trustme.CA(), trustme.CA()
     tls = write_certificate(old_authority, tmp_path)
     trusts_new = ssl.create_default_context()
     new_authority.configure_trust(trusts_new)
     review = admission_review({"ordered-sidecar.io/inject": "true"})
-    async with webhook(tls) as server:
+    async with webhook(tls, cert_reload_s=0.1) as server:
         with pytest.raises(aiohttp.ClientConnectorCertificateError):
             await post_review(server.url, review, trusts_new)
         # What kubelet does when cert-manager renews the Secret: new files, new mtimes.

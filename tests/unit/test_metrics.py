@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from sidecar.config import MetricsSettings
 from sidecar.metrics import (
-    MAX_GROUP_LABELS,
-    MAX_TOPIC_LABELS,
     OTHER_GROUP,
     OTHER_TOPIC,
     UNKNOWN_TOPIC,
@@ -27,9 +26,10 @@ def test_a_known_topic_keeps_its_label_also_when_a_later_request_fails() -> None
 
 
 def test_known_topics_past_the_bound_share_one_label() -> None:
+    bound = MetricsSettings().max_topic_labels
     metrics = SidecarMetrics()
-    labels = [metrics.topic_label(f"t{i}", exists=True) for i in range(MAX_TOPIC_LABELS + 50)]
-    assert len(set(labels)) == MAX_TOPIC_LABELS + 1
+    labels = [metrics.topic_label(f"t{i}", exists=True) for i in range(bound + 50)]
+    assert len(set(labels)) == bound + 1
     assert labels[-1] == OTHER_TOPIC
     assert metrics.topic_label("t0", exists=True) == "t0"
 
@@ -56,8 +56,16 @@ def series(metrics: SidecarMetrics) -> set[str]:
 
 
 def test_consumer_groups_past_the_bound_share_one_label() -> None:
+    bound = MetricsSettings().max_group_labels
     metrics = SidecarMetrics()
-    labels = [metrics.group_label(f"run-{i}") for i in range(MAX_GROUP_LABELS + 30)]
-    assert len(set(labels)) == MAX_GROUP_LABELS + 1
+    labels = [metrics.group_label(f"run-{i}") for i in range(bound + 30)]
+    assert len(set(labels)) == bound + 1
     assert labels[-1] == OTHER_GROUP
     assert metrics.group_label("run-0") == "run-0"
+
+
+def test_the_bounds_are_settings() -> None:
+    metrics = SidecarMetrics(limits=MetricsSettings(max_topic_labels=2, max_group_labels=1))
+    topics = [metrics.topic_label(f"t{i}", exists=True) for i in range(4)]
+    assert topics == ["t0", "t1", OTHER_TOPIC, OTHER_TOPIC]
+    assert [metrics.group_label(g) for g in ("a", "b")] == ["a", OTHER_GROUP]

@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
+from sidecar.config import HttpSettings
 from sidecar.http.connections import (
-    LINGERING_TIME_S,
     ConnectionGuard,
     GuardedSite,
     connection_middleware,
@@ -39,6 +39,7 @@ async def serving(**limits: Any) -> AsyncIterator[tuple[int, ConnectionGuard, Si
         max_connections=limits.get("max_connections", 100),
         header_read_timeout_s=limits.get("header_read_timeout_s", 0.3),
         body_read_timeout_s=limits.get("body_read_timeout_s", 0.3),
+        refusal_linger_s=HttpSettings().refusal_linger_s,
         metrics=metrics,
     )
     app = web.Application(middlewares=[errors_middleware, connection_middleware])
@@ -48,7 +49,7 @@ async def serving(**limits: Any) -> AsyncIterator[tuple[int, ConnectionGuard, Si
         app,
         handle_signals=False,
         keepalive_timeout=limits.get("keepalive_timeout_s", 0.3),
-        lingering_time=LINGERING_TIME_S,
+        lingering_time=HttpSettings().lingering_time_s,
     )
     await runner.setup()
     site = GuardedSite(runner, "127.0.0.1", 0, guard)

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar.config import ProduceSettings, Settings
+from sidecar.config import HttpSettings, ProduceSettings, Settings
 from sidecar.core.errors import FencedGeneration
 from sidecar.core.produce import ProduceRequest, RecordFailed, RecordWritten
 from sidecar.http.connections import ConnectionGuard, connection_middleware, install
@@ -91,7 +91,11 @@ async def client(service: _Service) -> AsyncIterator[Client]:
     install(
         app,
         ConnectionGuard(
-            max_connections=10, header_read_timeout_s=5, body_read_timeout_s=5, metrics=metrics
+            max_connections=10,
+            header_read_timeout_s=5,
+            body_read_timeout_s=5,
+            refusal_linger_s=HttpSettings().refusal_linger_s,
+            metrics=metrics,
         ),
     )
     app[TOPICS_KEY] = cast(TopicDirectory, _Directory())
