@@ -328,18 +328,6 @@ own record type has it, so a response is encoded without a copy of every record)
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumedRecord:
-    """One record to deliver. ``value`` None is a tombstone; ``key`` None is no key."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class KeyEvent:
     """A key hand-off event for the app; ``event_id`` is what it acknowledges."""
 
@@ -351,8 +339,9 @@ class KeyEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class AssignmentNotice:
-    """A rebalance told to the app; nothing to acknowledge."""
+class RebalanceNotice:
+    """A rebalance told to the app, as a records response carries it (the core's
+    ``AssignmentNotice``); nothing to acknowledge."""
 
     type: AssignmentNoticeType
     partitions: tuple[PartitionRef, ...]
@@ -756,7 +745,7 @@ def _acceptable(parameters: Sequence[str]) -> bool:
 
 
 def encode_records_response(
-    items: Sequence[RecordToDeliver | KeyEvent | AssignmentNotice],
+    items: Sequence[RecordToDeliver | KeyEvent | RebalanceNotice],
     fmt: EmbeddedFormat,
     record_headers: RecordHeaders = RecordHeaders.APP,
 ) -> bytes:
@@ -775,7 +764,7 @@ def encode_records_response(
         _event_json(item)
         if isinstance(item, KeyEvent)
         else _notice_json(item)
-        if isinstance(item, AssignmentNotice)
+        if isinstance(item, RebalanceNotice)
         else _record_entry(item, fmt, header_entries)
         for item in items
     )
@@ -1039,7 +1028,7 @@ def _event_json(event: KeyEvent) -> str:
     return json.dumps(_event_entry(event), separators=(",", ":"))
 
 
-def _notice_json(notice: AssignmentNotice) -> str:
+def _notice_json(notice: RebalanceNotice) -> str:
     entry = {
         "type": notice.type.value,
         "partitions": [{"topic": p.topic, "partition": p.partition} for p in notice.partitions],

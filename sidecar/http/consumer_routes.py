@@ -16,10 +16,10 @@ from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import SidecarError
 from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
-    AssignmentNotice,
     CommittedOffset,
     KeyEvent,
     PartitionRef,
+    RebalanceNotice,
     RecordHeaders,
     RecordToDeliver,
     SeekOffset,
@@ -180,8 +180,8 @@ async def records(request: web.Request) -> web.StreamResponse:
     )
     async with instance.lock:
         result = await instance.poll(query.timeout_ms / 1000, query.max_bytes)
-        items: list[RecordToDeliver | KeyEvent | AssignmentNotice] = [
-            AssignmentNotice(
+        items: list[RecordToDeliver | KeyEvent | RebalanceNotice] = [
+            RebalanceNotice(
                 n.kind, tuple(PartitionRef(tp.topic, tp.partition) for tp in n.partitions)
             )
             for n in result.notices

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from sidecar.service.registry import TopicRuntime
 
 
-class TopicRegistry(Protocol):
-    """The managed topics as this sidecar knows them."""
+class ManagedTopics(Protocol):
+    """The managed topics as this sidecar knows them (``TopicRegistry`` is one)."""
 
     @property
     def topics(self) -> Mapping[str, TopicRuntime]: ...
@@ -132,7 +132,7 @@ NewCallbackClient = Callable[[str, float], CallbackClient]
 @dataclass(frozen=True)
 class ConsumeContext:
     sidecar_id: str
-    registry: TopicRegistry
+    registry: ManagedTopics
     store: GroupStore
     offsets: GroupOffsets
     audit: AuditEmitter

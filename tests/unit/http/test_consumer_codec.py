@@ -7,6 +7,7 @@ import contextlib
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given
@@ -21,16 +22,15 @@ from sidecar.http.consumer_codec import (
     MAX_INSTANCE_NAME_LENGTH,
     MAX_OFFSET,
     MAX_TOPIC_PATTERN_LENGTH,
-    AssignmentNotice,
     AssignmentNoticeType,
     AutoOffsetReset,
     CommittedOffset,
-    ConsumedRecord,
     CreateConsumerRequest,
     KeyEvent,
     KeyEventType,
     OffsetToCommit,
     PartitionRef,
+    RebalanceNotice,
     RecordHeaders,
     RecordsQuery,
     SeekOffset,
@@ -59,6 +59,20 @@ from sidecar.http.consumer_codec import (
     subscription_body,
 )
 from sidecar.http.produce_codec import MAX_PARTITION
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedRecord:
+    """A record to deliver, as the service hands one over (``core.consume.ConsumedRecord``
+    is the shape the encoder needs). ``value`` None is a tombstone; ``key`` None is no key."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
 
 V2 = "application/vnd.kafka.v2+json"
 BINARY_V2 = "application/vnd.kafka.binary.v2+json"
@@ -776,12 +790,12 @@ def test_key_events_sit_among_records_in_order() -> None:
 
 
 def test_assignment_notices_have_no_event_id() -> None:
-    items: list[ConsumedRecord | KeyEvent | AssignmentNotice] = [
-        AssignmentNotice(
+    items: list[ConsumedRecord | KeyEvent | RebalanceNotice] = [
+        RebalanceNotice(
             AssignmentNoticeType.PARTITIONS_ASSIGNED, (PartitionRef("t", 0), PartitionRef("t", 2))
         ),
         ConsumedRecord("t", 2, 0, key=None, value=b"1"),
-        AssignmentNotice(AssignmentNoticeType.PARTITIONS_REVOKED, (PartitionRef("t", 2),)),
+        RebalanceNotice(AssignmentNoticeType.PARTITIONS_REVOKED, (PartitionRef("t", 2),)),
     ]
     assert json.loads(encode_records_response(items, EmbeddedFormat.JSON)) == [
         {
