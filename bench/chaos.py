@@ -6,7 +6,7 @@ Run from the repository root (it stops by itself)::
 
 It starts its own cluster (ZooKeeper + 3 KRaft brokers, ``LocalCluster``) in a
 temporary directory, because its faults kill brokers and pause ZooKeeper, and stops it
-at the end. Then ``tests.support.chaos`` (the same harness as
+at the end. Then ``ordered_dev.harness.chaos`` (the same harness as
 ``tests/integration/test_chaos.py``, with the issue's ranges): three ``sidecar serve``
 processes, a delete and a compacted managed topic, six producers, a callback-mode and
 an events-mode consumer group, a change every 3-8 s to a random count in [2, 12] (HTTP
@@ -36,9 +36,9 @@ from bench.machine import kafka_line
 from bench.report import RESULTS_DIR, command_line, machine_lines
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.support.chaos.plan import ChaosConfig
-from tests.support.chaos.report import dump, render
-from tests.support.chaos.runner import ChaosOutcome, ChaosRun
+from ordered_dev.harness.chaos.plan import ChaosConfig
+from ordered_dev.harness.chaos.report import dump, render
+from ordered_dev.harness.chaos.runner import ChaosOutcome, ChaosRun
 
 
 async def run(config: ChaosConfig) -> tuple[ChaosOutcome, str]:

@@ -28,14 +28,14 @@ import matplotlib.pyplot as plt
 import yaml
 
 from ordered_dev.devcluster.provider import provide_cluster
-from tests.ops.support import (
+from ordered_dev.harness.consumers import CallbackApp, create_consumer
+from ordered_dev.harness.sidecars import RunningSidecar, running_sidecars, unique
+from ordered_dev.harness.tools import (
     DASHBOARD,
     free_port,
     require_tool,
     substitute_grafana_variables,
 )
-from tests.support.consumers import CallbackApp, create_consumer
-from tests.support.sidecars import RunningSidecar, running_sidecars, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ through the gate (events mode, auto-commit). Every ~30 s (25-35 s, drawn from
 
 At the end the producers stop, everything acknowledged must be delivered, and the
 guarantee is checked: the per-key order checker of the integration tests
-(``tests.support.ledger``: in order per (producer, key), nothing acknowledged lost,
+(``ordered_dev.harness.ledger``: in order per (producer, key), nothing acknowledged lost,
 no duplicate since nothing crashed) and ``check_no_record_crossed_a_barrier``. Sidecar
 memory (VmRSS from ``/proc/<pid>/status``) is sampled at the start, every minute and
 at the end. The result goes to ``results/soak.md``; the exit status is 1 if the
@@ -44,21 +44,21 @@ from bench.machine import remove_data
 from bench.report import command_line, machine_lines, markdown_table, write_result
 from ordered_dev.devcluster.install import KAFKA_VERSION
 from ordered_dev.devcluster.provider import provide_cluster
-from sidecar.config import Settings
-from tests.support.ledger import (
+from ordered_dev.harness.ledger import (
     Ledger,
     check_order,
     consume_into,
     describe_gates,
     wait_until_delivered,
 )
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,
     settings_for,
     start_process,
     stop_process,
 )
+from sidecar.config import Settings
 
 SIDECARS = 3
 INITIAL_COUNT = 3

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+# The harness's checks assert; pytest explains their failures as it does the tests'.
+pytest.register_assert_rewrite("ordered_dev.harness")
+
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import (
     ClusterEndpoints,

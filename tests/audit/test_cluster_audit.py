@@ -35,12 +35,7 @@ from ordered_audit import checks
 from ordered_audit.job import AuditConfig, AuditResult, run_audit
 from ordered_audit.report import change_label
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.audit import events as audit_events
-from sidecar.compose import SidecarServer
-from sidecar.config import AuditSettings
-from sidecar.core.routing import partition_for_key
-from tests.ops.support import running_prometheus
-from tests.support.ledger import (
+from ordered_dev.harness.ledger import (
     Ledger,
     consume_into,
     gate_and_lag_lines,
@@ -48,7 +43,18 @@ from tests.support.ledger import (
     producer_keys,
     wait_until_delivered,
 )
-from tests.support.sidecars import READY_WITHIN_S, RunningSidecar, read_all, settings_for, unique
+from ordered_dev.harness.sidecars import (
+    READY_WITHIN_S,
+    RunningSidecar,
+    read_all,
+    settings_for,
+    unique,
+)
+from sidecar.audit import events as audit_events
+from sidecar.compose import SidecarServer
+from sidecar.config import AuditSettings
+from sidecar.core.routing import partition_for_key
+from tests.ops.support import running_prometheus
 
 pytestmark = pytest.mark.integration
 

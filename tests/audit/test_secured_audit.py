@@ -22,10 +22,10 @@ from ordered_audit.job import AuditConfig, run_audit
 from ordered_audit.sources import spark_kafka_options
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import SECURED_IDENTITIES, secured_endpoints
+from ordered_dev.harness.ledger import Ledger, consume_into, produce_sequences, wait_until_delivered
+from ordered_dev.harness.sidecars import RunningSidecar, settings_for, unique
 from sidecar.compose import SidecarServer
 from sidecar.config import AuditSettings
-from tests.support.ledger import Ledger, consume_into, produce_sequences, wait_until_delivered
-from tests.support.sidecars import RunningSidecar, settings_for, unique
 
 pytestmark = pytest.mark.integration
 

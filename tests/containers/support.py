@@ -20,9 +20,9 @@ from typing import Any
 
 from ordered_dev.devcluster.docker_cluster import LABEL
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import settings_environment, settings_for, unique
 from sidecar.config import Settings
 from tests.ops.support import free_port
-from tests.support.sidecars import settings_environment, settings_for, unique
 
 READY_WITHIN_S = 90.0
 

@@ -25,20 +25,20 @@ from ordered_dev.devcluster.docker_cluster import DockerCluster
 from ordered_dev.devcluster.docker_engine import Engine
 from ordered_dev.devcluster.images import BuiltImage
 from ordered_dev.devcluster.provider import KIND_ENV, ClusterEndpoints, provide_cluster
-from tests.containers.conftest import MEASURED
-from tests.containers.support import RunningContainer, container_settings, sidecar_container
-from tests.support.ledger import (
+from ordered_dev.harness.ledger import (
     Ledger,
     check_order,
     consume_into,
     produce_sequences,
     wait_until_delivered,
 )
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     SidecarClient,
     check_no_record_crossed_a_barrier,
     unique,
 )
+from tests.containers.conftest import MEASURED
+from tests.containers.support import RunningContainer, container_settings, sidecar_container
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,18 @@ import trustme
 
 from ordered_dev.devcluster.images import BuiltImage
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.ledger import (
+    Ledger,
+    check_order,
+    consume_into,
+    produce_sequences,
+    wait_until_delivered,
+)
+from ordered_dev.harness.sidecars import (
+    SidecarClient,
+    check_no_record_crossed_a_barrier,
+    unique,
+)
 from sidecar.inject.patch import SIDECAR_UID
 from tests.containers.conftest import MEASURED
 from tests.containers.support import (
@@ -38,18 +50,6 @@ from tests.ops.test_webhook_server import (
     check_injected,
     post_review,
     write_certificate,
-)
-from tests.support.ledger import (
-    Ledger,
-    check_order,
-    consume_into,
-    produce_sequences,
-    wait_until_delivered,
-)
-from tests.support.sidecars import (
-    SidecarClient,
-    check_no_record_crossed_a_barrier,
-    unique,
 )
 
 HEALTHY_WITHIN_S = 120.0

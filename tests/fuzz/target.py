@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import ADMIN_TOKEN, running_sidecars
 from tests.fuzz.harness import FuzzTarget, callback_sink, delete_topics, new_target, prepare_topics
-from tests.support.sidecars import ADMIN_TOKEN, running_sidecars
 
 
 @asynccontextmanager

@@ -9,10 +9,10 @@ from dataclasses import replace
 import aiohttp
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.consumers import create_consumer
+from ordered_dev.harness.sidecars import RunningSidecar, read_all, settings_for, unique
 from sidecar.compose import SidecarServer
 from sidecar.config import AuditSettings
-from tests.support.consumers import create_consumer
-from tests.support.sidecars import RunningSidecar, read_all, settings_for, unique
 
 
 async def test_a_produce_consume_and_change_leave_a_complete_trail(

@@ -13,6 +13,16 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.ledger import (
+    check_order,
+    describe_gates,
+)
+from ordered_dev.harness.sidecars import (
+    SidecarClient,
+    check_no_record_crossed_a_barrier,
+    settings_for,
+    unique,
+)
 from sidecar.compose import SidecarServer
 from tests.support.failure_load import (
     BROKER_KILL_TIMING,
@@ -21,16 +31,6 @@ from tests.support.failure_load import (
     local_servers,
     nobody_held,
     sidecar_processes,
-)
-from tests.support.ledger import (
-    check_order,
-    describe_gates,
-)
-from tests.support.sidecars import (
-    SidecarClient,
-    check_no_record_crossed_a_barrier,
-    settings_for,
-    unique,
 )
 
 

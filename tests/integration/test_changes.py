@@ -16,11 +16,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
-from sidecar.core.routing import partition_for_key
-from sidecar.core.serialization import generation_from_json, log_from_generations
-from sidecar.core.topics import PendingBarrier
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     RunningSidecar,
     check_no_record_crossed_a_barrier,
     header,
@@ -28,6 +24,10 @@ from tests.support.sidecars import (
     running_sidecars,
     unique,
 )
+from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
+from sidecar.core.routing import partition_for_key
+from sidecar.core.serialization import generation_from_json, log_from_generations
+from sidecar.core.topics import PendingBarrier
 
 
 async def _describe(sidecar: RunningSidecar, topic: str) -> dict[str, object]:

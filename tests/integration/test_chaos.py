@@ -1,5 +1,5 @@
 """A short seeded chaos run: one fault of each kind under load and changes, then every
-check of ``tests.support.chaos.checks``.
+check of ``ordered_dev.harness.chaos.checks``.
 
 Three ``sidecar serve`` processes, a delete and a compacted managed topic, six
 producers, a callback-mode and an events-mode group of three instances each; a change
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.support.chaos.plan import ChaosConfig
-from tests.support.chaos.report import dump, failure_summary, render
-from tests.support.chaos.runner import ChaosRun
+from ordered_dev.harness.chaos.plan import ChaosConfig
+from ordered_dev.harness.chaos.report import dump, failure_summary, render
+from ordered_dev.harness.chaos.runner import ChaosRun
 
 # Short versions of the bench's ranges, so that the whole run stays within 3 minutes;
 # the session timeout, the pause lengths relative to it and the liveness bound are the

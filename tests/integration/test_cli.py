@@ -12,7 +12,7 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.support.sidecars import unique
+from ordered_dev.harness.sidecars import unique
 
 _SIDECAR = str(Path(sys.executable).with_name("sidecar"))
 TOKEN = "cli-token"

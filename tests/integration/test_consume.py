@@ -9,15 +9,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.core.routing import partition_for_key
-from tests.support.consumers import (
+from ordered_dev.harness.consumers import (
     CallbackApp,
     RestConsumer,
     create_consumer,
     decoded,
     post_create_consumer,
 )
-from tests.support.sidecars import running_sidecars, unique
+from ordered_dev.harness.sidecars import running_sidecars, unique
+from sidecar.core.routing import partition_for_key
 
 
 def _moving_key(initial: int, old: int, new: int, source: int) -> str:

@@ -15,21 +15,21 @@ import pytest
 from aiohttp import web
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.support.consumers import serve_callbacks
+from ordered_dev.harness.consumers import serve_callbacks
+from ordered_dev.harness.ledger import (
+    check_order,
+    describe_gates,
+)
+from ordered_dev.harness.sidecars import (
+    check_no_record_crossed_a_barrier,
+    unique,
+)
 from tests.support.failure_load import (
     Load,
     first_delivery,
     kill,
     nobody_held,
     sidecar_processes,
-)
-from tests.support.ledger import (
-    check_order,
-    describe_gates,
-)
-from tests.support.sidecars import (
-    check_no_record_crossed_a_barrier,
-    unique,
 )
 
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     ProduceTally,
     SidecarProcess,
     check_no_record_crossed_a_barrier,

@@ -7,8 +7,8 @@ import dataclasses
 import json
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import settings_for, unique
 from sidecar.compose import SidecarServer
-from tests.support.sidecars import settings_for, unique
 
 WITHIN_S = 10.0
 

@@ -15,6 +15,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import OffsetAndMetadata
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.waiting import eventually
 from sidecar.adapters.kafka import (
     KafkaGateway,
     OffsetAndEpoch,
@@ -27,7 +28,6 @@ from sidecar.config import KafkaSettings
 from sidecar.core.errors import KafkaUnavailable, UnknownPartition, UnknownTopic
 from sidecar.core.placement import SEQUENCE_HEADER, SIDECAR_HEADER
 from tests.support.failure_load import local_servers
-from tests.support.waiting import eventually
 
 
 def _topic_name(prefix: str) -> str:

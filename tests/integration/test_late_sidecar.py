@@ -21,8 +21,7 @@ import signal
 from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.adapters.zookeeper import MetadataStore
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,
     settings_for,
@@ -30,7 +29,8 @@ from tests.support.sidecars import (
     stop_process,
     unique,
 )
-from tests.support.waiting import eventually
+from ordered_dev.harness.waiting import eventually
+from sidecar.adapters.zookeeper import MetadataStore
 
 STALLED_SESSION_S = 15.0
 """How long the stopped participant holds the barrier: long enough for the third sidecar

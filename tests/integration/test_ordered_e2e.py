@@ -15,7 +15,7 @@ import asyncio
 import random
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from tests.support.ledger import (
+from ordered_dev.harness.ledger import (
     Ledger,
     check_order,
     consume_into,
@@ -23,7 +23,7 @@ from tests.support.ledger import (
     produce_sequences,
     wait_until_delivered,
 )
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,
     settings_for,

@@ -12,10 +12,8 @@ import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.core.placement import is_stamped, record_stamp
-from sidecar.core.routing import default_partition, partition_for_key
-from tests.support.consumers import create_consumer
-from tests.support.sidecars import (
+from ordered_dev.harness.consumers import create_consumer
+from ordered_dev.harness.sidecars import (
     BINARY_V2,
     JSON_V2,
     RunningSidecar,
@@ -25,6 +23,8 @@ from tests.support.sidecars import (
     running_sidecars,
     unique,
 )
+from sidecar.core.placement import is_stamped, record_stamp
+from sidecar.core.routing import default_partition, partition_for_key
 
 
 async def test_unmanaged_topics_route_like_the_java_producer(cluster: ClusterEndpoints) -> None:

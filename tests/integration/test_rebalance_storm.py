@@ -17,6 +17,8 @@ import time
 from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.ledger import check_order, describe_gates
+from ordered_dev.harness.sidecars import SidecarProcess, check_no_record_crossed_a_barrier, unique
 from tests.support.failure_load import (
     BROKER_KILL_TIMING,
     Load,
@@ -24,8 +26,6 @@ from tests.support.failure_load import (
     local_servers,
     sidecar_processes,
 )
-from tests.support.ledger import check_order, describe_gates
-from tests.support.sidecars import SidecarProcess, check_no_record_crossed_a_barrier, unique
 
 STORM_S = 25.0
 BROKER_DOWN_AT_S, BROKER_DOWN_FOR_S = 5.0, 12.0

@@ -24,11 +24,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import settings_for, unique
 from sidecar.adapters.group_consumer import ordered_assignor
 from sidecar.compose import SidecarServer
 from sidecar.core.consume import TopicPartition
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
-from tests.support.sidecars import settings_for, unique
 
 SLOW_REVOKE_S = 4.0
 """How long the other member's revocation listener takes: the window stays this open."""

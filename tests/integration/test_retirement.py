@@ -12,11 +12,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.consumers import CallbackApp, RestConsumer, create_consumer, decoded
+from ordered_dev.harness.sidecars import RunningSidecar, running_sidecars, unique
+from ordered_dev.harness.waiting import eventually
 from sidecar.core.handoff import revocations_due
 from sidecar.core.routing import partition_for_key
-from tests.support.consumers import CallbackApp, RestConsumer, create_consumer, decoded
-from tests.support.sidecars import RunningSidecar, running_sidecars, unique
-from tests.support.waiting import eventually
 
 
 async def _modes(sidecar: RunningSidecar, topic: str) -> list[str]:

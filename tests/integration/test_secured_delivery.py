@@ -15,15 +15,15 @@ import pytest
 
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import SECURED_IDENTITIES, secured_endpoints
-from tests.integration.test_zombie_sidecar import (
-    test_a_zombie_sidecar_is_fenced_and_recovers as zombie_scenario,
-)
-from tests.support.ledger import Ledger, check_order, consume_into, produce_sequences
-from tests.support.ledger import wait_until_delivered as delivered_within
-from tests.support.sidecars import (
+from ordered_dev.harness.ledger import Ledger, check_order, consume_into, produce_sequences
+from ordered_dev.harness.ledger import wait_until_delivered as delivered_within
+from ordered_dev.harness.sidecars import (
     check_no_record_crossed_a_barrier,
     running_sidecars,
     unique,
+)
+from tests.integration.test_zombie_sidecar import (
+    test_a_zombie_sidecar_is_fenced_and_recovers as zombie_scenario,
 )
 
 

@@ -21,10 +21,10 @@ from aiohttp import web
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import secured_endpoints
 from ordered_dev.devcluster.security import OAUTH_AUDIENCE
+from ordered_dev.harness.sidecars import RunningSidecar, settings_for, unique
 from sidecar.compose import SidecarServer
 from sidecar.config import KafkaSecuritySettings, Secret, Settings
 from tests.support.oauth_tokens import signed_token
-from tests.support.sidecars import RunningSidecar, settings_for, unique
 
 CLIENT_ID, CLIENT_SECRET = "orders-sidecar", "client-s3cret"
 

@@ -29,11 +29,16 @@ from ordered_dev.devcluster.certificates import CertificateAuthority
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import ClusterEndpoints, secured_endpoints
 from ordered_dev.devcluster.security import LIMITED_USER, STRANGER_USER
+from ordered_dev.harness.sidecars import (
+    running_sidecars,
+    settings_environment,
+    settings_for,
+    unique,
+)
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.config import KafkaSecuritySettings, Secret, Settings
 from sidecar.core.errors import MetadataNotAuthorized
 from tests.support.oauth_tokens import signed_token
-from tests.support.sidecars import running_sidecars, settings_environment, settings_for, unique
 
 IDLE_CONNECTION_MS = 1_000
 """How long the revocation test's sidecar keeps an idle Kafka connection."""

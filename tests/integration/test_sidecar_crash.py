@@ -14,23 +14,23 @@ import aiohttp
 import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.ledger import (
+    check_order,
+    describe_gates,
+)
+from ordered_dev.harness.sidecars import (
+    SidecarProcess,
+    check_no_record_crossed_a_barrier,
+    read_all,
+    unique,
+    wait_for_final_operation,
+)
 from tests.support.failure_load import (
     Load,
     first_delivery,
     kill,
     nobody_held,
     sidecar_processes,
-)
-from tests.support.ledger import (
-    check_order,
-    describe_gates,
-)
-from tests.support.sidecars import (
-    SidecarProcess,
-    check_no_record_crossed_a_barrier,
-    read_all,
-    unique,
-    wait_for_final_operation,
 )
 
 

@@ -20,10 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.config import Settings
-from sidecar.core.errors import NotReady
-from tests.support.failure_load import local_servers
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     SidecarProcess,
     free_port,
     settings_for,
@@ -31,8 +28,11 @@ from tests.support.sidecars import (
     stop_process,
     unique,
 )
+from ordered_dev.harness.waiting import eventually
+from sidecar.config import Settings
+from sidecar.core.errors import NotReady
+from tests.support.failure_load import local_servers
 from tests.support.tcp_proxy import TcpProxy
-from tests.support.waiting import eventually
 
 READY_AFTER_CLUSTER_S = 5.0
 """The bound the issue states: ready within 5 s of the cluster being ready."""

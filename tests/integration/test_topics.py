@@ -14,8 +14,8 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import RunningSidecar, read_all, running_sidecars, unique
 from sidecar.core.routing import partition_for_key
-from tests.support.sidecars import RunningSidecar, read_all, running_sidecars, unique
 
 V2 = "application/vnd.kafka.v2+json"
 

@@ -19,11 +19,11 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.errors import ProducerFenced as KafkaProducerFenced
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import read_all
+from ordered_dev.harness.waiting import eventually
 from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
 from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.config import KafkaSettings
-from tests.support.sidecars import read_all
-from tests.support.waiting import eventually
 
 MANY = 200
 """Writes of the lanes test's concurrent phase."""

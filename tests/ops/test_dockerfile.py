@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import running_sidecars
 from sidecar.cli import build_parser
 from sidecar.config import HttpSettings
 from sidecar.inject.patch import SIDECAR_UID
 from tests.ops.support import ROOT, require_tool
-from tests.support.sidecars import running_sidecars
 
 DOCKERFILE = ROOT / "Dockerfile"
 SERVERS_DOCKERFILE = ROOT / "images" / "test-servers" / "Dockerfile"

@@ -31,6 +31,8 @@ from aiokafka import AIOKafkaProducer
 
 from ordered_audit.report import prometheus_textfile
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.consumers import CallbackApp, create_consumer
+from ordered_dev.harness.sidecars import RunningSidecar, running_sidecars, unique
 from tests.ops.support import (
     AUDIT_JOB_METRICS,
     DASHBOARD,
@@ -43,8 +45,6 @@ from tests.ops.support import (
     running_prometheus,
     substitute_grafana_variables,
 )
-from tests.support.consumers import CallbackApp, create_consumer
-from tests.support.sidecars import RunningSidecar, running_sidecars, unique
 
 PROVISIONED_DATASOURCES = GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml"
 PROVIDERS = GRAFANA_DIR / "provisioning" / "dashboards" / "ordered-sidecar.yml"

@@ -3,7 +3,7 @@ test_zookeeper_outage.py, test_sidecar_crash.py, test_consumer_crash.py): sideca
 processes on one ZooKeeper root, a produce load with its ledger, killing and checking.
 
 Sidecars are separate ``sidecar serve`` processes, as in production. Each test runs
-produce load (per-producer keyed sequences, ``tests.support.ledger``) and a consumer
+produce load (per-producer keyed sequences, ``ordered_dev.harness.ledger``) and a consumer
 group reading through the gate, causes one failure, and then checks:
 
 * the per-key order checker: every (producer, key) delivered in order, nothing
@@ -28,13 +28,13 @@ from typing import Any
 import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints, ClusterServers
-from tests.support.ledger import (
+from ordered_dev.harness.ledger import (
     Ledger,
     consume_into,
     produce_sequences,
     wait_until_delivered,
 )
-from tests.support.sidecars import (
+from ordered_dev.harness.sidecars import (
     SidecarClient,
     SidecarProcess,
     settings_for,

@@ -1,4 +1,4 @@
-"""The chaos run's schedule, expectations and checks (``tests.support.chaos``), on
+"""The chaos run's schedule, expectations and checks (``ordered_dev.harness.chaos``), on
 hand-made histories: each check must find the failure it exists for, and pass a clean
 history, or the chaos run could not fail."""
 
@@ -11,12 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.gate import waits_into
-from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
-from sidecar.core.handoff import revocation_points
-from sidecar.core.placement import RELOCATION_HEADER, HeaderFormat, sidecar_headers
-from sidecar.core.routing import partition_for_key
-from tests.support.chaos.checks import (
+from ordered_dev.harness.chaos.checks import (
     CheckResult,
     RunTimes,
     StoredRecord,
@@ -29,15 +24,20 @@ from tests.support.chaos.checks import (
     check_order,
     check_stale,
 )
-from tests.support.chaos.expectations import LogWaits
-from tests.support.chaos.history import (
+from ordered_dev.harness.chaos.expectations import LogWaits
+from ordered_dev.harness.chaos.history import (
     Acked,
     ChangeRecord,
     History,
     Incarnation,
     LockSighting,
 )
-from tests.support.chaos.plan import ALL_FAULTS, ChaosConfig, Plan
+from ordered_dev.harness.chaos.plan import ALL_FAULTS, ChaosConfig, Plan
+from sidecar.core.gate import waits_into
+from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
+from sidecar.core.handoff import revocation_points
+from sidecar.core.placement import RELOCATION_HEADER, HeaderFormat, sidecar_headers
+from sidecar.core.routing import partition_for_key
 
 TOPIC = "t"
 GROUP = "g"

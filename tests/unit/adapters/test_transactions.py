@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaTimeoutError
 
+from ordered_dev.harness.waiting import eventually
 from sidecar.adapters import transactions
 from sidecar.adapters.kafka import OutgoingKafkaRecord, SendFailed
 from sidecar.adapters.transactions import PartitionWarmer, TransactionalWriter
 from sidecar.config import KafkaSettings
 from sidecar.core.errors import KafkaAuthenticationFailed
-from tests.support.waiting import eventually
 
 REFUSED = KafkaAuthenticationFailed(
     "kafka.security.sasl_username / kafka.security.sasl_password: Kafka refused the "

@@ -9,8 +9,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.support.chaos.checks import CheckResult
-from tests.support.chaos.runner import ChaosOutcome
+from ordered_dev.harness.chaos.checks import CheckResult
+from ordered_dev.harness.chaos.runner import ChaosOutcome
 
 SHOWN_VIOLATIONS = 25
 

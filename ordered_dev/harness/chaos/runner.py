@@ -59,11 +59,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from sidecar.config import KafkaSettings, Settings
-from sidecar.core.generations import PartitionMode
-from sidecar.core.placement import routed_generation
-from sidecar.core.serialization import generation_from_json, log_from_generations
-from tests.support.chaos.checks import (
+from ordered_dev.harness.chaos.checks import (
     ROLL_HEADER,
     CheckResult,
     RunTimes,
@@ -73,7 +69,7 @@ from tests.support.chaos.checks import (
     parse_value,
     run_checks,
 )
-from tests.support.chaos.history import (
+from ordered_dev.harness.chaos.history import (
     Acked,
     ChangeRecord,
     FaultRecord,
@@ -81,14 +77,18 @@ from tests.support.chaos.history import (
     Incarnation,
     LockSighting,
 )
-from tests.support.chaos.plan import ChangeVia, ChaosConfig, FaultKind, Plan, PlannedFault
-from tests.support.sidecars import (
+from ordered_dev.harness.chaos.plan import ChangeVia, ChaosConfig, FaultKind, Plan, PlannedFault
+from ordered_dev.harness.sidecars import (
     ADMIN_TOKEN,
     SidecarProcess,
     settings_for,
     start_process,
     stop_process,
 )
+from sidecar.config import KafkaSettings, Settings
+from sidecar.core.generations import PartitionMode
+from sidecar.core.placement import routed_generation
+from sidecar.core.serialization import generation_from_json, log_from_generations
 
 CONSUMER_JSON = "application/vnd.kafka.v2+json"
 POLL_TIMEOUT_MS = 1000

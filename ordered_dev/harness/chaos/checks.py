@@ -34,11 +34,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ordered_dev.harness.chaos.expectations import LogWaits, RevocationDue
+from ordered_dev.harness.chaos.history import Delivery, Handoff, History, RecordId
 from sidecar.core.generations import GenerationLog, PartitionMode
 from sidecar.core.placement import RELOCATION_HEADER, record_stamp
 from sidecar.core.routing import partition_for_key
-from tests.support.chaos.expectations import LogWaits, RevocationDue
-from tests.support.chaos.history import Delivery, Handoff, History, RecordId
 
 ROLL_HEADER = "chaos.roll"
 """Marks the records the harness writes after the run to roll the compacted topic's

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.support.sidecars import SidecarClient
+from ordered_dev.harness.sidecars import SidecarClient
 
 CONSUMER_JSON = "application/vnd.kafka.v2+json"
 

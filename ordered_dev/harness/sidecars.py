@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.waiting import eventually
 from sidecar.compose import SidecarServer
 from sidecar.config import (
     FaultSettings,
@@ -34,7 +35,6 @@ from sidecar.config import (
     Settings,
     ZooKeeperSettings,
 )
-from tests.support.waiting import eventually
 
 ADMIN_TOKEN = "test-token"
 TEST_REPLICATION_MARGIN_MS = 1_000

@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.consumers import create_consumer
-from tests.support.sidecars import SidecarClient, SidecarProcess
+from ordered_dev.harness.consumers import create_consumer
+from ordered_dev.harness.sidecars import SidecarClient, SidecarProcess
 
 KEYS_PER_PRODUCER = 8
 PRODUCE_PAUSE_S = 0.02
