@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 from ordered_audit import prometheus
 from ordered_audit.prometheus import PeriodStats, Series
-from ordered_dev.devcluster.install import cache_root
 from sidecar.audit.events import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -117,8 +116,13 @@ def kafka_package() -> str:
 
 
 def ivy_directory() -> Path:
-    """Where Ivy keeps the connector's jars: ``$ORDERED_SIDECAR_CACHE/spark-ivy``."""
-    return cache_root() / "spark-ivy"
+    """Where Ivy keeps the connector's jars: ``$ORDERED_SIDECAR_CACHE/spark-ivy``.
+
+    The same cache as the dev cluster's (``ordered_dev.devcluster.install``), read here
+    on its own: the audit job is installed and run without the dev tooling."""
+    configured = os.environ.get("ORDERED_SIDECAR_CACHE")
+    root = Path(configured) if configured else Path.home() / ".cache" / "ordered-sidecar"
+    return root / "spark-ivy"
 
 
 def session_settings(options: SparkOptions, *, kafka: bool) -> dict[str, str]:
