@@ -32,6 +32,7 @@ from sidecar.core.backoff import Backoff
 from sidecar.core.errors import SidecarError
 from sidecar.core.generations import PartitionMode
 from sidecar.core.procedures import Phase, warm_transactional_id
+from sidecar.faults import FaultHooks
 from sidecar.http.access_log import access_log_options
 from sidecar.http.app import build_app
 from sidecar.http.callback_codec import encode_callback
@@ -64,7 +65,15 @@ class SidecarServer:
             security=settings.zookeeper.security,
         )
         self.kafka = KafkaGateway(settings.kafka)
-        self.sidecar = TopicRegistry(settings, self.store, self.kafka, self.metrics)
+        faults = settings.faults
+        self.faults = FaultHooks(
+            kill_after_phase=Phase(faults.kill_after_phase) if faults.kill_after_phase else None,
+            withhold_barrier_acks=faults.withhold_barrier_acks,
+            stop_before_commit=faults.stop_before_commit,
+        )
+        self.sidecar = TopicRegistry(
+            settings, self.store, self.kafka, self.metrics, faults=self.faults
+        )
         self.admin = TopicAdmin(self.store, self.kafka, self.metrics, self.sidecar.audit)
         self.warmer = PartitionWarmer(
             settings.kafka,
@@ -77,9 +86,7 @@ class SidecarServer:
             self.kafka,
             self.metrics,
             barrier_timeout_s=settings.produce.barrier_timeout_s,
-            kill_after_phase=Phase(settings.faults.kill_after_phase)
-            if settings.faults.kill_after_phase
-            else None,
+            faults=self.faults,
             audit=self.sidecar.audit,
             settings=settings.changes,
             warmer=self.warmer,

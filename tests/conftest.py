@@ -13,9 +13,6 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-# The harness's checks assert; pytest explains their failures as it does the tests'.
-pytest.register_assert_rewrite("ordered_dev.harness")
-
 from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.provider import (
     ClusterEndpoints,
@@ -23,6 +20,9 @@ from ordered_dev.devcluster.provider import (
     provide_secured_cluster,
 )
 from ordered_dev.devcluster.security import LIMITED_USER
+
+# The harness's checks assert; pytest explains their failures as it does the tests'.
+pytest.register_assert_rewrite("ordered_dev.harness")
 
 # No per-example deadline: on a 2-core machine running three brokers beside the tests,
 # example timings vary with load, and a timing is not what these properties check.

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +69,7 @@ from sidecar.core.errors import (
     SidecarError,
 )
 from sidecar.core.placement import WARM_HEADER
+from sidecar.faults import FaultHooks
 
 _log = logging.getLogger(__name__)
 
@@ -167,7 +166,7 @@ class TransactionalWriter:
         transactional_ids: Sequence[str],
         *,
         on_fenced: Callable[[], None] = lambda: None,
-        stop_before_commit: int = 0,
+        faults: FaultHooks | None = None,
     ) -> None:
         if not transactional_ids:
             raise ValueError("a writer needs at least one transactional id")
@@ -176,7 +175,7 @@ class TransactionalWriter:
         self._next_lane = 0
         self._last_ending: asyncio.Task[bool] | None = None
         """The end of the newest transaction; each end waits for the one before."""
-        self._stop_before_commit = stop_before_commit
+        self._faults = faults or FaultHooks()
         self._settings = settings
         self._timeout_s = settings.request_timeout_ms / 1000
         self._on_fenced = on_fenced
@@ -394,8 +393,7 @@ class TransactionalWriter:
                 await self._abort(lane, group)
                 return False
         try:
-            if self.transactions + 1 == self._stop_before_commit:
-                await self._freeze()
+            self._faults.before_commit(self.transactions, self.transactional_ids)
             async with asyncio.timeout(self._timeout_s):
                 await lane.producer.commit_transaction()
         except Exception as exc:  # whatever it was, the transaction is in doubt
@@ -422,12 +420,6 @@ class TransactionalWriter:
             await self._reset(lane)
         for request in group:
             request.settle(request.answer.result())
-
-    async def _freeze(self) -> None:
-        """Fault injection: stop this process as a long GC pause or a frozen VM would,
-        with this transaction's records appended and its commit not sent."""
-        _log.warning("fault injection: stopping before the commit of %s", self.transactional_ids)
-        os.kill(os.getpid(), signal.SIGSTOP)
 
     async def _transaction_failed(
         self, lane: _Lane, group: list[_Request], exc: BaseException, *, commit_sent: bool

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +60,7 @@ from sidecar.core.procedures import (
 )
 from sidecar.core.topics import PendingBarrier, TopicState, orphaned_barrier
 from sidecar.core.truncation import TruncatedBoundary
+from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.boundaries import BoundaryCheck
 
@@ -91,7 +90,7 @@ class ChangeRunner:
         metrics: SidecarMetrics,
         *,
         barrier_timeout_s: float,
-        kill_after_phase: Phase | None = None,
+        faults: FaultHooks | None = None,
         audit: AuditEmitter | None = None,
         settings: ChangeSettings | None = None,
         warmer: PartitionWarmer | None = None,
@@ -104,7 +103,7 @@ class ChangeRunner:
         self.kafka = kafka
         self.metrics = metrics
         self.barrier_timeout_s = barrier_timeout_s
-        self.kill_after_phase = kill_after_phase
+        self.faults = faults or FaultHooks()
         self.audit = audit
         self._driving: set[str] = set()
         """Topics whose change this sidecar drives now. One that lost its lock (paused
@@ -276,9 +275,7 @@ class ChangeRunner:
             if operation.phase is not Phase.DONE:
                 await self._save_until_done(operation)
             self._audit_phase(operation)
-            if operation.phase is self.kill_after_phase:
-                # Fault injection (crash tests): die as abruptly as a killed pod.
-                os.kill(os.getpid(), signal.SIGKILL)
+            self.faults.phase_journaled(operation.phase)
             if on_progress is not None:
                 on_progress(operation)
             if operation.phase in FINAL_PHASES:

@@ -48,6 +48,7 @@ from sidecar.core.procedures import (
     incarnation_ids,
 )
 from sidecar.core.topics import PendingBarrier, TopicState
+from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
@@ -76,8 +77,11 @@ class TopicRegistry:
         store: MetadataStore,
         kafka: KafkaGateway,
         metrics: SidecarMetrics,
+        faults: FaultHooks | None = None,
     ) -> None:
         self.settings = settings
+        self.faults = faults or FaultHooks()
+        """Fault injection for the crash tests; empty in production."""
         self.sidecar_id = settings.sidecar_id
         self.store = store
         self.kafka = kafka
@@ -243,10 +247,7 @@ class TopicRegistry:
             self.settings.kafka,
             transactional_ids,
             on_fenced=self._on_writer_fenced,
-            # The fault stops the process once, in its first incarnation.
-            stop_before_commit=self.settings.faults.stop_before_commit
-            if self._incarnation == 0
-            else 0,
+            faults=self.faults,
         )
         await writer.start()
         self.metrics.producer_incarnations.inc()
@@ -360,7 +361,7 @@ class TopicRegistry:
 
     async def maybe_ack_barrier(self, runtime: TopicRuntime) -> None:
         participant = runtime.participant
-        if not participant.ready_to_ack() or self.settings.faults.withhold_barrier_acks:
+        if not participant.ready_to_ack() or self.faults.withhold_barrier_acks:
             return
         pending = participant.pending_generation
         assert pending is not None
