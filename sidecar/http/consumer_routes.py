@@ -17,11 +17,6 @@ from sidecar.core.errors import SidecarError
 from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
     CommittedOffset,
-    KeyEvent,
-    PartitionRef,
-    RebalanceNotice,
-    RecordHeaders,
-    RecordToDeliver,
     SeekOffset,
     SubscribeTopics,
     assignments_body,
@@ -36,13 +31,20 @@ from sidecar.http.consumer_codec import (
     decode_seek,
     decode_seek_partitions,
     decode_subscription,
-    encode_records_response,
-    encode_response,
-    records_content_type,
     subscription_body,
 )
 from sidecar.http.error_map import client_went_away
 from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE
+from sidecar.http.records_codec import (
+    KeyEvent,
+    PartitionRef,
+    RebalanceNotice,
+    RecordHeaders,
+    RecordToDeliver,
+    encode_records_response,
+    encode_response,
+    records_content_type,
+)
 from sidecar.http.topic_routes import TOPICS_KEY
 from sidecar.service.consumers import Consumers, new_instance_name
 from sidecar.service.instance import ConsumerInstance, InstanceConfig

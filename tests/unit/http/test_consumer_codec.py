@@ -22,16 +22,10 @@ from sidecar.http.consumer_codec import (
     MAX_INSTANCE_NAME_LENGTH,
     MAX_OFFSET,
     MAX_TOPIC_PATTERN_LENGTH,
-    AssignmentNoticeType,
     AutoOffsetReset,
     CommittedOffset,
     CreateConsumerRequest,
-    KeyEvent,
-    KeyEventType,
     OffsetToCommit,
-    PartitionRef,
-    RebalanceNotice,
-    RecordHeaders,
     RecordsQuery,
     SeekOffset,
     SeekRequest,
@@ -51,14 +45,22 @@ from sidecar.http.consumer_codec import (
     decode_seek,
     decode_seek_partitions,
     decode_subscription,
+    subscription_body,
+)
+from sidecar.http.produce_codec import MAX_PARTITION
+from sidecar.http.records_codec import (
+    AssignmentNoticeType,
+    KeyEvent,
+    KeyEventType,
+    PartitionRef,
+    RebalanceNotice,
+    RecordHeaders,
     encode_key_events,
     encode_records_response,
     encode_response,
     key_events_body,
     records_content_type,
-    subscription_body,
 )
-from sidecar.http.produce_codec import MAX_PARTITION
 
 
 @dataclass(frozen=True, slots=True)
