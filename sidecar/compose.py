@@ -227,8 +227,14 @@ class SidecarServer:
             await self._ops_runner.cleanup()
 
     async def _housekeeping(self) -> None:
-        """Release change locks left by interrupted attempts, finish changes nobody
-        drives, withdraw barriers no change owns, and retire drained partitions."""
+        """Check the managed topics' boundaries against log truncation once (KIP-320: a
+        truncation while no sidecar ran is reported at once, not at the next change);
+        then, every round, release change locks left by interrupted attempts, finish
+        changes nobody drives, withdraw barriers no change owns, and retire drained
+        partitions."""
+        await self.changes.boundaries.report_lost(
+            {topic: runtime.state.log for topic, runtime in self.sidecar.topics.items()}
+        )
         while True:
             await asyncio.sleep(self.settings.changes.housekeeping_interval_s)
             try:

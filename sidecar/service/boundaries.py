@@ -1,6 +1,6 @@
 """Boundaries checked against log truncation before a topic changes (KIP-320).
 
-Before each partition-count change and each retirement round, every boundary of the
+At start, before each partition-count change and each retirement round, every boundary of the
 topic's generation log that carries a leader epoch is checked with OffsetForLeaderEpoch
 (``sidecar.core.truncation``). A boundary the log no longer reaches means an unclean
 leader election truncated acknowledged records below it: the change or retirement is
@@ -15,12 +15,13 @@ the confirmed boundaries are kept in ZooKeeper and no longer refuse anything.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
-from sidecar.core.errors import BoundaryTruncated, NoTruncationToConfirm
+from sidecar.core.errors import BoundaryTruncated, NoTruncationToConfirm, SidecarError
 from sidecar.core.generations import GenerationLog
 from sidecar.core.truncation import (
     TruncatedBoundary,
@@ -65,13 +66,28 @@ class BoundaryCheck:
     async def require_intact(self, topic: str, log: GenerationLog, before: str) -> None:
         """Raise BoundaryTruncated if a boundary of ``log`` was lost; ``before`` names
         what is refused. Raises KafkaUnavailable, KafkaFailure, MetadataUnavailable too."""
+        found = await self.lost(topic, log)
+        if not found:
+            return
+        where = ", ".join(
+            f"partition {lost.partition} (generation {lost.generation}, boundary "
+            f"{lost.offset}, log reaches {'?' if lost.log_end is None else lost.log_end})"
+            for lost in found
+        )
+        raise BoundaryTruncated(
+            f"{before} of {topic} refused: an unclean leader election truncated the log "
+            f"below boundaries of {where}"
+        )
+
+    async def lost(self, topic: str, log: GenerationLog) -> list[TruncatedBoundary]:
+        """The boundaries of ``log`` lost and not confirmed, each logged and audited the
+        first time this sidecar finds it; the gauge is set to their number. Raises
+        KafkaUnavailable, KafkaFailure, MetadataUnavailable."""
         found = await self.truncated(topic, log)
         if found:
             found = unconfirmed(found, await self.store.confirmed_truncations(topic))
         label = self.metrics.topic_label(topic, exists=True)
         self.metrics.truncated_boundaries.labels(label).set(len(found))
-        if not found:
-            return
         for lost in found:
             if (topic, lost) in self._reported:
                 continue
@@ -97,15 +113,22 @@ class BoundaryCheck:
                         log_end=lost.log_end,
                     )
                 )
-        where = ", ".join(
-            f"partition {lost.partition} (generation {lost.generation}, boundary "
-            f"{lost.offset}, log reaches {'?' if lost.log_end is None else lost.log_end})"
-            for lost in found
-        )
-        raise BoundaryTruncated(
-            f"{before} of {topic} refused: an unclean leader election truncated the log "
-            f"below boundaries of {where}"
-        )
+        return found
+
+    async def report_lost(self, logs: Mapping[str, GenerationLog]) -> dict[str, int | None]:
+        """Check every topic of ``logs`` (at start: a truncation that happened while no
+        sidecar ran is reported then, not at the next change). Per topic, the number of
+        unconfirmed lost boundaries, each logged, audited and counted in the gauge as
+        ``require_intact`` does; None where the check could not be made (Kafka or
+        ZooKeeper away: the next change checks again). Raises nothing."""
+        found: dict[str, int | None] = {}
+        for topic, log in logs.items():
+            try:
+                found[topic] = len(await self.lost(topic, log))
+            except SidecarError as exc:
+                _log.info("boundaries of %s not checked at start: %s", topic, exc.message)
+                found[topic] = None
+        return found
 
     async def confirm(self, topic: str) -> list[TruncatedBoundary]:
         """An operator accepts the loss of ``topic``'s lost boundaries: they are recorded

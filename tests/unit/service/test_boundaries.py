@@ -12,7 +12,12 @@ from prometheus_client import CollectorRegistry
 from sidecar.adapters.kafka import KafkaGateway, OffsetAndEpoch
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit.emitter import AuditEmitter
-from sidecar.core.errors import BoundaryTruncated, NoTruncationToConfirm, UnknownTopic
+from sidecar.core.errors import (
+    BoundaryTruncated,
+    KafkaUnavailable,
+    NoTruncationToConfirm,
+    UnknownTopic,
+)
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.topics import TopicConfig, TopicState
 from sidecar.core.truncation import ConfirmedLoss
@@ -167,3 +172,30 @@ async def test_confirming_without_a_loss_or_for_an_unknown_topic_writes_nothing(
     await lost_check.confirm("orders")
     with pytest.raises(NoTruncationToConfirm):
         await lost_check.confirm("orders")
+
+
+async def test_the_check_at_start_reports_without_refusing_anything() -> None:
+    """A truncation while no sidecar ran is reported when one starts (log, audit event,
+    gauge), before any change; a topic whose check cannot be made is left to the next
+    change's check, and the others are still checked."""
+
+    class _Away(_EpochEnds):
+        async def epoch_end_offsets(
+            self, topic: str, epochs: Mapping[int, int]
+        ) -> dict[int, OffsetAndEpoch | None]:
+            if topic == "payments":
+                raise KafkaUnavailable("no broker answered")
+            return await super().epoch_end_offsets(topic, epochs)
+
+    metrics = SidecarMetrics(CollectorRegistry())
+    audit = _Audit()
+    check = BoundaryCheck(
+        cast(KafkaGateway, _Away({(0, 2): 7, (1, 1): 4})),
+        cast(MetadataStore, _Store(_log())),
+        metrics,
+        cast(AuditEmitter, audit),
+    )
+    found = await check.report_lost({"payments": _log(), "orders": _log()})
+    assert found == {"payments": None, "orders": 1}
+    assert _gauge(metrics, "orders") == 1
+    assert [event["partition"] for event in audit.events] == [0]
