@@ -7,13 +7,11 @@ REST Proxy serializes them: a commit waits for a long poll of the same instance.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Final
 
 from aiohttp import web
 
 from sidecar.core.consume import TopicPartition
-from sidecar.core.errors import SidecarError
 from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
     CommittedOffset,
@@ -133,11 +131,10 @@ async def subscribe(request: web.Request) -> web.Response:
     decoded = decode_subscription(
         await request.read(), content_type=request.headers.get("Content-Type")
     )
-    async with instance.lock:
-        if isinstance(decoded, SubscribeTopics):
-            await instance.subscribe(decoded.topics, None)
-        else:
-            await instance.subscribe(None, decoded.pattern)
+    if isinstance(decoded, SubscribeTopics):
+        await instance.subscribe(decoded.topics, None)
+    else:
+        await instance.subscribe(None, decoded.pattern)
     return web.Response(status=204)
 
 
@@ -146,9 +143,7 @@ async def get_subscription(request: web.Request) -> web.Response:
 
 
 async def unsubscribe(request: web.Request) -> web.Response:
-    instance = _instance(request)
-    async with instance.lock:
-        await instance.unsubscribe()
+    await _instance(request).unsubscribe()
     return web.Response(status=204)
 
 
@@ -160,8 +155,7 @@ async def assign(request: web.Request) -> web.Response:
     # A partition that does not exist is the caller's mistake (404), not a consumer that
     # waits for metadata forever.
     await _check_exist(request, [TopicPartition(p.topic, p.partition) for p in partitions])
-    async with instance.lock:
-        await instance.assign_manually([TopicPartition(p.topic, p.partition) for p in partitions])
+    await instance.assign_manually([TopicPartition(p.topic, p.partition) for p in partitions])
     return web.Response(status=204)
 
 
@@ -180,8 +174,11 @@ async def records(request: web.Request) -> web.StreamResponse:
         default_timeout_ms=instance.config.poll_timeout_ms,
         max_bytes_limit=request.app[CONSUMERS_KEY].context.settings.max_poll_bytes,
     )
-    async with instance.lock:
-        result = await instance.poll(query.timeout_ms / 1000, query.max_bytes)
+    # Sent inside the delivery, not after the handler returns: a client that went away
+    # while the poll waited (its timeout passed, its sidecar was paused) would otherwise
+    # lose the records, and a commit of everything delivered would skip them for the
+    # whole group. Whatever is not sent is put back by ``delivery``.
+    async with instance.delivery(query.timeout_ms / 1000, query.max_bytes) as result:
         items: list[RecordToDeliver | KeyEvent | RebalanceNotice] = [
             RebalanceNotice(
                 n.kind, tuple(PartitionRef(tp.topic, tp.partition) for tp in n.partitions)
@@ -192,28 +189,14 @@ async def records(request: web.Request) -> web.StreamResponse:
             KeyEvent(e.kind, e.topic, e.partition, e.generation, e.event_id) for e in result.events
         ]
         items += result.records
-        try:
-            body = encode_records_response(items, fmt, kept_headers)
-        except SidecarError:
-            # Not sent, so not delivered: the next poll starts from the same records.
-            instance.undeliver(result)
-            raise
-        # Sent here, under the instance's lock, not after the handler returns: a client
-        # that went away while the poll waited (its timeout passed, its sidecar was
-        # paused) would otherwise lose the records, and a commit of everything delivered
-        # would skip them for the whole group.
+        body = encode_records_response(items, fmt, kept_headers)
         response = web.StreamResponse(headers={"Content-Type": content_type})
         response.content_length = len(body)
-        try:
-            if client_went_away(request):
-                raise ConnectionResetError("the client closed the connection")
-            await response.prepare(request)
-            await response.write(body)
-            await response.write_eof()
-        except (ConnectionError, asyncio.CancelledError):
-            instance.undeliver(result)
-            raise
-        instance.sent(result)
+        if client_went_away(request):
+            raise ConnectionResetError("the client closed the connection")
+        await response.prepare(request)
+        await response.write(body)
+        await response.write_eof()
     return response
 
 
@@ -222,13 +205,12 @@ async def commit(request: web.Request) -> web.Response:
     offsets = decode_commit_offsets(
         await request.read(), content_type=request.headers.get("Content-Type")
     )
-    async with instance.lock:
-        if offsets is None:
-            await instance.commit(None)
-        else:
-            await instance.commit(
-                {TopicPartition(o.topic, o.partition): o.next_offset for o in offsets}
-            )
+    if offsets is None:
+        await instance.commit(None)
+    else:
+        await instance.commit(
+            {TopicPartition(o.topic, o.partition): o.next_offset for o in offsets}
+        )
     return web.Response(status=204)
 
 
@@ -237,8 +219,7 @@ async def committed(request: web.Request) -> web.Response:
     partitions = decode_committed_request(
         await request.read(), content_type=request.headers.get("Content-Type")
     )
-    async with instance.lock:
-        found = await instance.committed([TopicPartition(p.topic, p.partition) for p in partitions])
+    found = await instance.committed([TopicPartition(p.topic, p.partition) for p in partitions])
     return _json(
         committed_offsets_body(
             [CommittedOffset(tp.topic, tp.partition, offset, "") for tp, offset in found.items()]
@@ -255,19 +236,14 @@ async def seek(request: web.Request) -> web.Response:
     # Every partition is checked before any position moves: it exists (404 at once, not
     # a lookup that waits for metadata), and it is assigned to this instance.
     await _check_exist(request, named)
-    async with instance.lock:
-        instance.require_assigned(named)
-        await instance.seek(
-            {
-                TopicPartition(o.topic, o.partition): o.offset
-                for o in decoded.offsets
-                if isinstance(o, SeekOffset)
-            }
-        )
-        if decoded.timestamps:
-            await instance.seek_to_timestamps(
-                {TopicPartition(t.topic, t.partition): t.timestamp_ms for t in decoded.timestamps}
-            )
+    await instance.seek_positions(
+        {
+            TopicPartition(o.topic, o.partition): o.offset
+            for o in decoded.offsets
+            if isinstance(o, SeekOffset)
+        },
+        {TopicPartition(t.topic, t.partition): t.timestamp_ms for t in decoded.timestamps},
+    )
     return web.Response(status=204)
 
 
@@ -285,10 +261,9 @@ async def _seek_to(request: web.Request, *, beginning: bool) -> web.Response:
         await request.read(), content_type=request.headers.get("Content-Type")
     )
     await _check_exist(request, [TopicPartition(p.topic, p.partition) for p in partitions])
-    async with instance.lock:
-        await instance.seek_to(
-            [TopicPartition(p.topic, p.partition) for p in partitions], beginning=beginning
-        )
+    await instance.seek_to(
+        [TopicPartition(p.topic, p.partition) for p in partitions], beginning=beginning
+    )
     return web.Response(status=204)
 
 
@@ -297,6 +272,5 @@ async def acknowledge_events(request: web.Request) -> web.Response:
     event_ids = decode_event_ack(
         await request.read(), content_type=request.headers.get("Content-Type")
     )
-    async with instance.lock:
-        await instance.acknowledge_events(event_ids)
+    await instance.acknowledge_events(event_ids)
     return web.Response(status=204)

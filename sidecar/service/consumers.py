@@ -107,8 +107,7 @@ class Consumers:
     async def delete(self, group: str, name: str) -> None:
         instance = self.get(group, name)
         del self.instances[(group, name)]
-        async with instance.lock:
-            await instance.close()
+        await instance.close()
 
     async def close(self) -> None:
         if self._rebalance_timer is not None:
@@ -128,10 +127,7 @@ class Consumers:
             await asyncio.sleep(min(interval_s, self.instance_timeout_s / 2))
             now = time.monotonic()
             for key, instance in list(self.instances.items()):
-                if (
-                    now - instance.last_used > self.instance_timeout_s
-                    and not instance.lock.locked()
-                ):
+                if now - instance.last_used > self.instance_timeout_s and not instance.busy:
                     _log.info("consumer instance %s of %s expired (idle)", key[1], key[0])
                     del self.instances[key]
                     await instance.close()

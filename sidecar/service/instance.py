@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sidecar.adapters.callbacks import CallbackClient
@@ -70,6 +70,8 @@ class ConsumerInstance:
         self.context = context
         self.last_used = time.monotonic()
         self.lock = asyncio.Lock()
+        """One request of the app at a time: every public operation takes it (a records
+        response is held until it is sent, ``delivery``)."""
         self.subscription: list[str] = []
         self.pattern: str | None = None
         self.manual: list[TopicPartition] = []
@@ -132,12 +134,16 @@ class ConsumerInstance:
     # Subscription and assignment ----------------------------------------------------------
 
     async def subscribe(self, topics: Sequence[str] | None, pattern: str | None) -> None:
+        async with self.lock:
+            await self._subscribe(topics, pattern)
+
+    async def _subscribe(self, topics: Sequence[str] | None, pattern: str | None) -> None:
         if self.manual:
             raise ConsumerStateConflict("the instance has manual assignments; delete them first")
         if (self.subscription or self.pattern) and (pattern is None) != (self.pattern is None):
             # REST Proxy replaces a subscription; aiokafka refuses to turn topics into a
             # pattern or back (mutually exclusive), so the old one is left first.
-            await self.unsubscribe()
+            await self._unsubscribe()
         consumer = await self._ensure_consumer()
         self.subscription = list(topics or [])
         self.pattern = pattern
@@ -153,18 +159,26 @@ class ConsumerInstance:
         assignment made meanwhile fails inside aiokafka ("Should not be called"). The
         next subscribe or assign starts a fresh one.
         """
+        async with self.lock:
+            await self._unsubscribe()
+
+    async def _unsubscribe(self) -> None:
         await self._stop_consumer()
         self.subscription, self.pattern, self.manual = [], None, []
         self.partitions.reset()
         self.notices.forget()
 
     async def assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
+        async with self.lock:
+            await self._assign_manually(partitions)
+
+    async def _assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
         if self.subscription or self.pattern:
             raise ConsumerStateConflict("the instance is subscribed; unsubscribe first")
         if not partitions:
             # Kafka's assign of nothing is its unsubscribe; aiokafka would keep the consumer
             # in manual mode with nothing assigned, refusing a later subscription.
-            await self.unsubscribe()
+            await self._unsubscribe()
             return
         consumer = await self._ensure_consumer()
         consumer.assign(partitions)
@@ -210,9 +224,30 @@ class ConsumerInstance:
 
     # Polling ------------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def delivery(self, timeout_s: float, max_bytes: int | None) -> AsyncIterator[PollResult]:
+        """Poll (see ``poll``) and hold the instance until the caller has sent the result:
+        it counts as delivered if the block ends normally, and is put back (delivered
+        again by the next poll, never skipped) if the block raises, e.g. because the
+        response could not be encoded or the client went away."""
+        async with self.lock:
+            result = await self._poll(timeout_s, max_bytes)
+            try:
+                yield result
+            except BaseException:
+                self.undeliver(result)
+                raise
+            self.sent(result)
+
     async def poll(self, timeout_s: float, max_bytes: int | None) -> PollResult:
         """Records the gate lets through (and pending hand-off events), waiting up to
-        ``timeout_s`` for at least one. Raises ConsumerStateConflict if not subscribed."""
+        ``timeout_s`` for at least one. Raises ConsumerStateConflict if not subscribed.
+        The caller says ``sent`` or ``undeliver`` before the next poll (``delivery``
+        does both)."""
+        async with self.lock:
+            return await self._poll(timeout_s, max_bytes)
+
+    async def _poll(self, timeout_s: float, max_bytes: int | None) -> PollResult:
         consumer = self._require_subscribed()
         recheck_s = self.context.settings.gate_recheck_s
         deadline = time.monotonic() + timeout_s
@@ -245,16 +280,19 @@ class ConsumerInstance:
     async def acknowledge_events(self, event_ids: Iterable[int]) -> None:
         """The app handled these events. Raises BadRequest for an id that is not pending
         (and then acknowledges none of them)."""
-        await self.handoff.acknowledge_events(event_ids)
+        async with self.lock:
+            await self.handoff.acknowledge_events(event_ids)
 
     # Offsets and positions ----------------------------------------------------------------
 
     async def commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
         """See ``Offsets.commit``."""
-        await self.offsets.commit(offsets)
+        async with self.lock:
+            await self.offsets.commit(offsets)
 
     async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        return await self.offsets.committed(partitions)
+        async with self.lock:
+            return await self.offsets.committed(partitions)
 
     def require_assigned(self, partitions: Iterable[TopicPartition]) -> None:
         """Raises ConsumerStateConflict (no consumer yet) or BadRequest (a partition not
@@ -265,13 +303,28 @@ class ConsumerInstance:
                 raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
 
     async def seek(self, offsets: Mapping[TopicPartition, int]) -> None:
+        async with self.lock:
+            await self._seek(offsets)
+
+    async def seek_positions(
+        self, offsets: Mapping[TopicPartition, int], timestamps: Mapping[TopicPartition, int]
+    ) -> None:
+        """Seek to ``offsets`` and to the offsets of ``timestamps``, after checking that
+        every partition of both is assigned here (nothing moves otherwise)."""
+        async with self.lock:
+            self.require_assigned([*offsets, *timestamps])
+            await self._seek(offsets)
+            if timestamps:
+                await self._seek_to_timestamps(timestamps)
+
+    async def _seek(self, offsets: Mapping[TopicPartition, int]) -> None:
         consumer = self._require_consumer()
         self.require_assigned(offsets)
         for tp, offset in offsets.items():
             consumer.seek(tp, offset)
             self.partitions.seek(tp, offset, consumer.incarnation())
 
-    async def seek_to_timestamps(self, timestamps: Mapping[TopicPartition, int]) -> None:
+    async def _seek_to_timestamps(self, timestamps: Mapping[TopicPartition, int]) -> None:
         consumer = self._require_consumer()
         # Before the lookup: for a partition not assigned (or of no topic) aiokafka waits
         # for metadata until the request timeout, holding the instance's lock.
@@ -281,9 +334,13 @@ class ConsumerInstance:
         for tp, hit in found.items():
             # No record at or after the time: the end, as Kafka's seek by time does.
             offsets[tp] = await consumer.end_offset(tp) if hit is None else hit
-        await self.seek(offsets)
+        await self._seek(offsets)
 
     async def seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None:
+        async with self.lock:
+            await self._seek_to(partitions, beginning=beginning)
+
+    async def _seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None:
         consumer = self._require_consumer()
         self.require_assigned(partitions)
         if not partitions:
@@ -343,10 +400,17 @@ class ConsumerInstance:
 
     # Life cycle ---------------------------------------------------------------------------
 
+    @property
+    def busy(self) -> bool:
+        """A request of the app is being served (the idle reaper leaves it alone)."""
+        return self.lock.locked()
+
     async def close(self) -> None:
-        await self._stop_consumer()
-        if self._callbacks is not None:
-            await self._callbacks.close()
+        """Once the request being served (if any) is done: leave the group, stop."""
+        async with self.lock:
+            await self._stop_consumer()
+            if self._callbacks is not None:
+                await self._callbacks.close()
 
     async def _stop_consumer(self) -> None:
         await self.waits.clear_all()
