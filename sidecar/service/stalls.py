@@ -12,8 +12,11 @@ their groups have said again who owns what.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
+
+_log = logging.getLogger(__name__)
 
 
 class StallWatch:
@@ -45,4 +48,9 @@ class StallWatch:
             gap = now - self._last_tick
             self._last_tick = now
             if gap > self.threshold_s:
-                on_stall(gap)
+                try:
+                    on_stall(gap)
+                except Exception:
+                    # The watch must outlive a failing callback: stopped, it would leave
+                    # ``stalled`` true for good and every hand-off refused.
+                    _log.exception("reacting to a stall of %.1f s failed", gap)

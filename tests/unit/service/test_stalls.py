@@ -37,3 +37,22 @@ async def test_a_threshold_of_zero_watches_nothing() -> None:
     await asyncio.sleep(0.05)
     assert task.done()
     assert stalls == []
+
+
+async def test_the_watch_outlives_a_failing_reaction() -> None:
+    watch = StallWatch(threshold_s=0.2)
+    calls: list[float] = []
+
+    def react(seconds: float) -> None:
+        calls.append(seconds)
+        raise RuntimeError("an instance could not be fenced")
+
+    task = watch.start(react)
+    try:
+        time.sleep(0.3)  # noqa: ASYNC251 - a stall
+        await asyncio.sleep(0.15)
+        assert len(calls) == 1
+        assert not task.done()
+        assert not watch.stalled()  # still ticking
+    finally:
+        task.cancel()
