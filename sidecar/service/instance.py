@@ -214,12 +214,9 @@ class ConsumerInstance:
         """This process did not run for ``seconds``: fence the hand-off and ask the group
         to rebalance (True if asked). An instance with partitions assigned by hand has no
         group to lose them to."""
-        consumer = self._consumer
-        if consumer is None or self.manual or not self.subscribed_topics():
+        if not self.rebalance_if_subscribed(self.subscribed_topics()):
             return False
         self.handoff.fence()
-        consumer.request_rejoin()
-        self.context.metrics.rebalance_requested(self.config.group)
         return True
 
     # Polling ------------------------------------------------------------------------------
