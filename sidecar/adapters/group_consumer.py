@@ -26,6 +26,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.adapters.kafka import consumer_settings
+from sidecar.adapters.offset_fetch import check_group_consumer
 from sidecar.config import KafkaSettings
 from sidecar.core.assignment import assign
 from sidecar.core.consume import ConsumedRecord, TopicPartition
@@ -158,6 +159,9 @@ class GroupConsumer:
             await consumer.start()
         except KafkaError as exc:
             raise KafkaUnavailable(f"cannot start a consumer: {exc}") from exc
+        # Before the first subscribe: a coordinator that is loading the group's offsets
+        # must not be read as "nothing committed" (that rewinds or skips the partition).
+        check_group_consumer(consumer)
         return cls(consumer)
 
     # Subscription and assignment ----------------------------------------------------------

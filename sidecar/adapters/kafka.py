@@ -69,6 +69,7 @@ from sidecar.adapters.kafka_security import (
     diagnose,
     security_arguments,
 )
+from sidecar.adapters.offset_fetch import check_admin_client
 from sidecar.config import ConfigError, KafkaSettings
 from sidecar.core.errors import (
     InvalidPartitionCount,
@@ -207,6 +208,7 @@ class KafkaGateway:
         common, producer_extra = client_settings(self._settings)
         producer = AIOKafkaProducer(**common, **producer_extra, acks="all", enable_idempotence=True)
         admin = AIOKafkaAdminClient(**common)
+        check_admin_client(admin)
         consumer = AIOKafkaConsumer(
             **common,
             group_id=None,
@@ -722,9 +724,8 @@ class KafkaGateway:
         """The offsets ``group`` committed in partitions 0..count-1; partitions without
         a commit are absent. Raises KafkaUnavailable, KafkaFailure."""
         partitions = _partitions(topic, count)
-        # aiokafka ignores the response's top-level error code (admin/client.py,
-        # list_consumer_group_offsets), so a loading coordinator can answer with
-        # nothing: absent means "not known to be consumed", which is the safe reading.
+        # A loading or moved coordinator's empty answer raises (check_admin_client) and
+        # is retried, rather than read as a group that committed nothing.
         offsets = await self._retrying(
             lambda: self._require().admin.list_consumer_group_offsets(group, partitions=partitions),
             f"committed offsets of group {group}",
