@@ -1,13 +1,14 @@
 """What a chaos run observed, in the order the harness observed it.
 
 Every observation that the checks compare in time (a delivery, a hand-off callback
-answered, a hand-off event acknowledged) gets ``order``, one counter for the whole
+answered, a hand-off event received) gets ``order``, one counter for the whole
 run: the harness is one event loop, so ``order`` is the order in which things
 reached the app. Times (``at``) are seconds since the run began, for the report.
 
-A hand-off counts as received when the app confirmed it to the sidecar: a callback it
-answered with a 2xx, or an event whose acknowledgement the sidecar accepted. A callback
-refused with 503 during a fault does not count (the sidecar must call again).
+A hand-off counts as received when the app has it: a callback it answered with a 2xx,
+or an event in a poll response (once per event id and instance, whether or not the
+answer to its acknowledgement arrives: the sidecar may have recorded it all the same).
+A callback refused with 503 during a fault does not count (the sidecar must call again).
 """
 
 from __future__ import annotations
@@ -219,8 +220,7 @@ class History:
         received: tuple[int, float] | None = None,
     ) -> None:
         """Record a hand-off the app was told of; ``received``: the (order, time) at which
-        the app received it, when that came before this record (an event is recorded once
-        its acknowledgement is answered, but the app had it from the response)."""
+        the app received it, when that came before this record."""
         order, at = received if received is not None else (self.next_order(), self.now())
         self.handoffs.append(
             Handoff(

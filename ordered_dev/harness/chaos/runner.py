@@ -600,6 +600,7 @@ class ChaosRun:
         path = f"/consumers/{group.name}/instances/{incarnation.name}"
         recreate = self.recreate[(group.name, index)]
         acked_events: set[int] = set()
+        told_events: set[int] = set()
         while True:
             if self.stop_consuming.is_set():
                 with contextlib.suppress(ConnectionLost, TimeoutError):
@@ -637,6 +638,20 @@ class ChaosRun:
                 self._deliver(incarnation, record)
             if group.callback:
                 continue
+            # Told when the response arrives, acknowledged or not: an acknowledgement
+            # whose answer is lost (its sidecar killed) may still have been recorded.
+            for event in events:
+                if "event_id" in event and event["event_id"] not in told_events:
+                    told_events.add(event["event_id"])
+                    self.history.handoff(
+                        incarnation,
+                        str(event["type"]),
+                        str(event["topic"]),
+                        int(event["partition"]),
+                        int(event["generation"]),
+                        "event",
+                        received=received,
+                    )
             fresh = [e for e in events if "event_id" in e and e["event_id"] not in acked_events]
             if fresh:
                 try:
@@ -651,17 +666,7 @@ class ChaosRun:
                 except (ConnectionLost, TimeoutError):
                     continue
                 if status == 204:
-                    for event in fresh:
-                        acked_events.add(event["event_id"])
-                        self.history.handoff(
-                            incarnation,
-                            str(event["type"]),
-                            str(event["topic"]),
-                            int(event["partition"]),
-                            int(event["generation"]),
-                            "event",
-                            received=received,
-                        )
+                    acked_events.update(e["event_id"] for e in fresh)
                 else:
                     code = (answer or {}).get("error_code")
                     self.history.commit_refusals[f"ack {status} {code}"] += 1
