@@ -28,6 +28,7 @@ from ordered_dev.harness.chaos.expectations import LogWaits
 from ordered_dev.harness.chaos.history import (
     Acked,
     ChangeRecord,
+    FaultRecord,
     History,
     Incarnation,
     LockSighting,
@@ -143,7 +144,7 @@ class Script:
         self.sequence = itertools.count()
 
     def instance(self, name: str) -> Incarnation:
-        incarnation = self.history.new_incarnation(GROUP, name, "sidecar")
+        incarnation = self.history.new_incarnation(GROUP, name, f"sidecar-{name}")
         return incarnation
 
     def ack(self, key: str, sequence: int, partition: int, offset: int, generation: int) -> None:
@@ -154,8 +155,14 @@ class Script:
     ) -> None:
         self.history.deliver(who, TOPIC, partition, offset, (0, key, sequence), None)
 
-    def told(self, who: Incarnation, kind: str, partition: int, generation: int) -> None:
-        self.history.handoff(who, kind, TOPIC, partition, generation, "callback")
+    def told(
+        self, who: Incarnation, kind: str, partition: int, generation: int, at: float | None = None
+    ) -> None:
+        received = None if at is None else (self.history.next_order(), at)
+        self.history.handoff(who, kind, TOPIC, partition, generation, "callback", received)
+
+    def fault(self, kind: str, target: str, started: float, ended: float, detail: str) -> None:
+        self.history.faults.append(FaultRecord(kind, target, started, ended, detail))
 
     def before_and_after_the_split(self) -> None:
         """Key k: seq 0 at 0@9 (generation 0), seq 1 at 1@0 (generation 1)."""
@@ -230,6 +237,57 @@ def test_handoff_allows_a_repeat_to_a_new_owner_before_the_commit() -> None:
     result = handoff(script)
     assert result.passed, result.violations
     assert any("told again" in note for note in result.notes)
+
+
+def _repeat_after_the_commit(script: Script, fault: tuple[str, str, float, float, str]) -> None:
+    """a is told at 10 s and the group commits past the boundary; ``fault`` happens;
+    b is told again at 20 s."""
+    script.before_and_after_the_split()
+    script.deliver(script.a, "k", 0, 0, 9)
+    script.told(script.a, "keys_revoked", 0, 1, at=10.0)
+    script.history.committed(GROUP, TOPIC, 0, 10)
+    script.fault(*fault)
+    script.told(script.b, "keys_revoked", 0, 1, at=20.0)
+    script.told(script.b, "keys_assigned", 1, 1, at=20.5)
+    script.deliver(script.b, "k", 1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        # the first teller's sidecar died before it recorded its app's answer
+        ("sidecar_kill", "sidecar 0", 10.0, 12.0, "sidecar-a killed, sidecar-a2 started"),
+        # ZooKeeper was away when it tried, past the rebalance's wait
+        ("zookeeper_pause", "zookeeper", 9.5, 19.5, "paused 10.0 s"),
+        # the repeat was computed before its own sidecar was paused, and arrived after
+        ("sidecar_pause", "sidecar 1", 5.0, 19.8, "sidecar-b paused 14.8 s"),
+    ],
+)
+def test_handoff_excuses_a_repeat_whose_first_answer_a_fault_kept_from_zookeeper(
+    fault: tuple[str, str, float, float, str],
+) -> None:
+    script = Script()
+    _repeat_after_the_commit(script, fault)
+    result = handoff(script)
+    assert result.passed, result.violations
+    assert any(f"lost to {fault[0]}" in note for note in result.notes)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        ("sidecar_kill", "sidecar 2", 10.0, 12.0, "sidecar-c killed, sidecar-c2 started"),
+        ("zookeeper_pause", "zookeeper", 2.0, 8.0, "paused 6.0 s"),  # over before a was told
+        ("consumer_recreate", f"{GROUP}/a", 11.0, 11.5, "a.1 deleted, a.3 created"),
+    ],
+)
+def test_handoff_finds_a_repeat_no_fault_explains(
+    fault: tuple[str, str, float, float, str],
+) -> None:
+    script = Script()
+    _repeat_after_the_commit(script, fault)
+    (violation,) = handoff(script).violations
+    assert "told again to b" in violation
 
 
 def test_handoff_finds_keys_revoked_told_twice_to_one_instance() -> None:
