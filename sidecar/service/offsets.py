@@ -20,7 +20,7 @@ from sidecar.audit import events as audit_events
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
 from sidecar.core.handoff import Subject, revocations_crossed
-from sidecar.core.positions import Positions
+from sidecar.core.positions import PartitionPosition, Positions
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.handoff import HandoffTeller
 
@@ -49,6 +49,11 @@ class Offsets:
         self._callbacks = callbacks
         """Hand-off is told by callback (else as events the app acknowledges)."""
         self._last_auto_commit = time.monotonic()
+        self._group_commits: dict[
+            TopicPartition, tuple[PartitionPosition[ConsumedRecord], int]
+        ] = {}
+        """The group's committed offset where this instance has not committed yet, per
+        partition and reading (the state it was read for)."""
 
     async def commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
         """Commit ``offsets`` (next offsets to read), or everything delivered if None.
@@ -121,14 +126,25 @@ class Offsets:
             raise ConsumerStateConflict(
                 f"{tp.topic}[{tp.partition}] was reassigned by a rebalance during the commit"
             )
-        before = state.committed
-        if before is None:
-            committed = await self.context.offsets.committed_offsets(
-                self.group, tp.topic, len(runtime.state.modes)
-            )
-            before = committed.get(tp.partition, 0)
+        before = await self._committed_before(tp, state, len(runtime.state.modes))
         for revocation in revocations_crossed(runtime.state.log, tp.partition, before, offset):
             await self.teller.require_revoked(tp.topic, revocation)
+
+    async def _committed_before(
+        self, tp: TopicPartition, state: PartitionPosition[ConsumedRecord], count: int
+    ) -> int:
+        """Where the group's commit of ``tp`` stands: this instance's last commit, else
+        the group's committed offset (a partition just assigned starts there; read once
+        per reading), else 0. Raises SidecarError while Kafka cannot say."""
+        if state.committed is not None:
+            return state.committed
+        known = self._group_commits.get(tp)
+        if known is not None and known[0] is state:
+            return known[1]
+        committed = await self.context.offsets.committed_offsets(self.group, tp.topic, count)
+        offset = committed.get(tp.partition, 0)
+        self._group_commits[tp] = (state, offset)
+        return offset
 
     async def settle_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
         """Before a rebalance takes ``partitions`` away, get the app's keys-revoked
@@ -143,9 +159,17 @@ class Offsets:
         for tp in partitions:
             state = self.positions.get(tp)
             runtime = self.context.registry.topics.get(tp.topic)
-            if state is None or state.delivered is None or runtime is None:
+            if (
+                state is None
+                or state.delivered is None
+                or runtime is None
+                or not runtime.state.config.ordered_delivery
+            ):
                 continue
-            before = state.committed or 0
+            try:
+                before = await self._committed_before(tp, state, len(runtime.state.modes))
+            except SidecarError:
+                before = 0  # Kafka cannot say: wait for what a commit from 0 would need
             for revocation in revocations_crossed(
                 runtime.state.log, tp.partition, before, state.delivered
             ):
@@ -177,17 +201,24 @@ class Offsets:
                 continue
             target = state.delivered
             runtime = await self.context.registry.runtime(tp.topic)
-            if runtime is not None and not self._callbacks:
+            # A partition just assigned starts from the group's commit, which may lie at
+            # a boundary it reached before the change (the common case): measured from 0,
+            # the stop below that boundary would move the group's offset back.
+            count = len(runtime.state.modes) if runtime is not None else tp.partition + 1
+            before = await self._committed_before(tp, state, count)
+            ordered = runtime is not None and runtime.state.config.ordered_delivery
+            if ordered and not self._callbacks:
                 # Without a callback, stop below a revocation the app has not acknowledged.
+                assert runtime is not None
                 for revocation in revocations_crossed(
-                    runtime.state.log, tp.partition, state.committed or 0, target
+                    runtime.state.log, tp.partition, before, target
                 ):
                     key = (revocation.partition, revocation.generation)
                     if key not in self.teller.acknowledged(tp.topic):
                         with contextlib.suppress(ConsumerStateConflict):
                             await self.teller.require_revoked(tp.topic, revocation)
                         target = min(target, revocation.boundary - 1)
-            if target > (state.committed or 0):
+            if target > before:
                 offsets[tp] = target
         if offsets:
             await self.commit(offsets)
