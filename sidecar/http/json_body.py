@@ -2,13 +2,15 @@
 
 Every handler and codec of the HTTP layer reads a JSON body through here, so every
 endpoint refuses the same things the same way (400, ``BadRequest``): bytes that are
-not UTF-8, NaN and Infinity, nesting too deep, unknown or missing fields, a value of
+not UTF-8, NaN and Infinity (also a number too large for a double, which would be
+written back as Infinity), nesting too deep, unknown or missing fields, a value of
 the wrong JSON type.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -22,7 +24,7 @@ def parse_json(body: bytes) -> object:
     except UnicodeDecodeError as exc:
         raise BadRequest(f"request body is not UTF-8 (byte {exc.start}: {exc.reason})") from None
     try:
-        return json.loads(text, parse_constant=refuse_constant)
+        return json.loads(text, parse_constant=refuse_constant, parse_float=finite_float)
     except json.JSONDecodeError as exc:
         raise BadRequest(
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -32,6 +34,15 @@ def parse_json(body: bytes) -> object:
     except ValueError as exc:
         # Raised for NaN/Infinity below and for integers too long to convert.
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def finite_float(text: str) -> float:
+    # 1e400 is valid JSON text, but as a double it is Infinity: encoded back into a
+    # record it would become the non-JSON constant the body may not contain.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of the range of a double")
+    return value
 
 
 def refuse_constant(name: str) -> NoReturn:
