@@ -40,7 +40,8 @@ class AuditEmitter:
         self.kafka = kafka
         self.metrics = metrics
         self.replication_factor = replication_factor
-        self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=settings.buffer_size)
+        self._queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize=settings.buffer_size)
+        """Events to send; None tells the sending task to stop."""
         self._sequence = itertools.count()
         self._task: asyncio.Task[None] | None = None
         self._partitions = self.settings.partitions
@@ -69,13 +70,18 @@ class AuditEmitter:
         self._task = asyncio.create_task(self._send_forever())
 
     async def stop(self) -> None:
-        """Send what is queued (best effort), then stop."""
-        if self._task is None:
+        """Send what is queued (best effort), then stop.
+
+        The sending task itself sends what was emitted before this call and then ends:
+        cancelling it could cut a batch off half sent, counted neither sent nor dropped.
+        """
+        task, self._task = self._task, None
+        if task is None:
             return
-        await self._flush()
-        self._task.cancel()
+        if not task.done():
+            await self._queue.put(None)  # waits for room: the task keeps draining
         with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+            await task
 
     def emit(self, event: Event) -> None:
         if not self.enabled:
@@ -87,19 +93,23 @@ class AuditEmitter:
             self.metrics.audit_dropped.inc()
 
     async def _send_forever(self) -> None:
-        while True:
-            first = await self._queue.get()
-            await self._send([first, *self._drain(self.settings.batch_size - 1)])
-
-    async def _flush(self) -> None:
-        while not self._queue.empty():
-            await self._send(self._drain(self.settings.batch_size))
-
-    def _drain(self, limit: int) -> list[Event]:
-        batch: list[Event] = []
-        while len(batch) < limit and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
-        return batch
+        stopping = False
+        while not stopping:
+            batch: list[Event] = []
+            item = await self._queue.get()
+            while item is not None:
+                batch.append(item)
+                if len(batch) >= self.settings.batch_size or self._queue.empty():
+                    break
+                item = self._queue.get_nowait()
+            stopping = item is None
+            if not batch:
+                continue
+            try:
+                await self._send(batch)
+            except Exception:  # the audit outlives any failure of a send
+                self.metrics.audit_dropped.inc(len(batch))
+                _log.exception("audit batch of %d events lost", len(batch))
 
     async def _send(self, batch: list[Event]) -> None:
         records = []
