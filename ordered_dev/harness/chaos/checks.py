@@ -12,9 +12,9 @@ of evidence. A check passes when it has no violation.
    (``expectations.RevocationDue``): exactly one ``keys_revoked(q, k)``, received before
    the first gated record of a destination that waits on q (told again only while the
    group had not committed q past the boundary, or when a fault between the two
-   tellings cut the first answer's way to ZooKeeper: ``_answer_lost_to``); and ``keys_assigned(p, g)``
-   received by the instance that delivered p's first gated record of generation g,
-   before it.
+   tellings cut the first answer's way to ZooKeeper: ``_answer_lost_to``); and
+   ``keys_assigned(p, g)`` received by the instance that delivered p's first gated
+   record of generation g, before it.
 4. ``stale``: produces naming an older generation are fenced and nothing of them is
    written or delivered.
 5. ``barrier``: read committed, no record lies in a generation other than the one it
