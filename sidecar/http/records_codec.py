@@ -20,8 +20,10 @@ routes is ``consumer_codec``.
 * Record headers (base64 values, as in produce) are written only when a record has some,
   so a record without headers has exactly the REST Proxy v2 shape; which ones, the
   instance's ``record_headers`` says (``consumer_codec``).
-* Key hand-off events sit among the records in delivery order and are told apart by
-  ``type``, which records never have; rebalance notices come first.
+* Rebalance notices, key hand-off events and records are written in the order given;
+  the consumer routes give notices first, then events, then records (an event told
+  with a partition's last records reaches the app before them). Events and notices are
+  told apart by ``type``, which records never have.
 """
 
 from __future__ import annotations
@@ -131,11 +133,18 @@ def records_content_type(accept: str | None, fmt: EmbeddedFormat) -> str:
     own = records_media_type(fmt)
     if accept is None or not accept.strip():
         return own
-    asked: list[str] = []
+    ranges = []
     for media_range in accept.split(","):
         media_type, *parameters = (part.strip() for part in media_range.split(";"))
-        media_type = media_type.lower()
-        if not media_type or not _acceptable(parameters):
+        ranges.append((media_type.lower(), _acceptable(parameters)))
+    # RFC 9110 §12.5.1: the most specific range that fits decides, so the instance's
+    # own type named with q=0 is refused even beside */*.
+    named = [acceptable for media_type, acceptable in ranges if media_type == own]
+    if named and not any(named):
+        raise NotAcceptable(f"Accept {accept!r} does not include {own}")
+    asked: list[str] = []
+    for media_type, acceptable in ranges:
+        if not media_type or not acceptable:
             continue
         if media_type == own or media_type in _GENERIC_ACCEPT:
             return own
