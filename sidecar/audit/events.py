@@ -29,6 +29,9 @@ across partitions and generations):
 ``boundary_truncated``  topic, generation, partition, boundary, leader_epoch, log_end (where
                     that epoch ends on the current leader, null if it knows none): a
                     boundary an unclean leader election cut the log below (KIP-320)
+``truncation_confirmed``  topic, boundaries: the lost boundaries an operator confirmed
+                    (``sidecar topics confirm-truncation``), after which the topic
+                    changes again
 
 Record events (``produce_acked``, ``delivered``) are sampled by key hash
 (``audit.sample_rate``) so that a sampled key's history is complete; the others are
@@ -55,7 +58,8 @@ def key_sampled(key: bytes | None, sample_rate: float) -> bool:
         return True
     if key is None:
         return sample_rate > 0.0
-    return positive_hash(key) % 10_000 < int(sample_rate * 10_000)
+    # round, not int: 0.57 * 10_000 is 5699.999..., one bucket short of the rate.
+    return positive_hash(key) % 10_000 < round(sample_rate * 10_000)
 
 
 def _key(key: bytes | None) -> str | None:
