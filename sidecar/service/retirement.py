@@ -108,10 +108,23 @@ class Retirer:
             decisions[partition] = retirement_action(view, now)
         if all(action is RetirementAction.KEEP for action in decisions.values()):
             return decisions
+        decided_at = state.log.current.number
         async with self.store.lock(topic, self.sidecar_id, self.lock_timeout_s):
-            # Read again under the lock: an expansion may have made a partition
-            # read-write again since the decisions were taken.
+            # Read again under the lock. A change committed since the decisions were
+            # taken (the lock is the changes' lock: this round may have waited for
+            # several) can have made a partition read-write, written to it and made it
+            # read-only again: the same mode, but records past the ends read, that no
+            # group has consumed. Decide again next round.
             state = await self.store.read_topic(topic)
+            if state.log.current.number != decided_at:
+                _log.info(
+                    "%s: generation %d committed since the retirement decisions (on %d); "
+                    "deciding again",
+                    topic,
+                    state.log.current.number,
+                    decided_at,
+                )
+                return dict.fromkeys(decisions, RetirementAction.KEEP)
             modes = list(state.modes)
             truncate = {
                 p: ends[p]
