@@ -911,6 +911,11 @@ class ChaosRun:
                 )
                 return
             await asyncio.sleep(1.0)
+            # A change resumed after the faults may have reached the target meanwhile
+            # (the next ask is then refused, 422): ask for a change from where it is.
+            now = await self._refresh_count(topic)
+            if now is not None and now == target:
+                target = now + 1 if now < self.config.largest_count else now - 1
 
     # Faults -------------------------------------------------------------------------------
 
