@@ -206,10 +206,12 @@ class Offsets:
             # the stop below that boundary would move the group's offset back.
             count = len(runtime.state.modes) if runtime is not None else tp.partition + 1
             before = await self._committed_before(tp, state, count)
-            ordered = runtime is not None and runtime.state.config.ordered_delivery
-            if ordered and not self._callbacks:
+            if (
+                runtime is not None
+                and runtime.state.config.ordered_delivery
+                and not self._callbacks
+            ):
                 # Without a callback, stop below a revocation the app has not acknowledged.
-                assert runtime is not None
                 for revocation in revocations_crossed(
                     runtime.state.log, tp.partition, before, target
                 ):
