@@ -116,6 +116,10 @@ class HandoffTeller:
             self.ledger = self.ledger.with_group_revocations(topic, group)
         return list(self.ledger.pending.values())
 
+    def told_revocations(self) -> list[HandoffEvent]:
+        """The keys_revoked events told to the app and not acknowledged yet."""
+        return [e for e in self.ledger.pending.values() if e.kind is HandoffKind.KEYS_REVOKED]
+
     async def record_unrecorded(self) -> None:
         for subject in sorted(self._unrecorded):
             try:

@@ -148,7 +148,8 @@ class Offsets:
 
     async def settle_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
         """Before a rebalance takes ``partitions`` away, get the app's keys-revoked
-        acknowledgements that committing everything delivered needs.
+        acknowledgements that committing everything delivered needs, and those of the
+        keys-revoked events it was told for them.
 
         Otherwise the commit would stop below a boundary and the partitions' next owner
         would deliver the records above it again. The rebalance waits (aiokafka awaits
@@ -175,6 +176,14 @@ class Offsets:
             ):
                 if await self.teller.revocation_pending(tp.topic, revocation) is not None:
                     pending.append(Subject(tp.topic, revocation.partition, revocation.generation))
+        # keys_revoked already told for a leaving partition, even one no commit crosses
+        # (everything before its boundary delivered, nothing after): the app is about
+        # to acknowledge it. Given away unacknowledged, the partition's next owner would
+        # tell its own app too.
+        leaving = {(tp.topic, tp.partition) for tp in partitions}
+        for event in self.teller.told_revocations():
+            if (event.topic, event.partition) in leaving and event.subject not in pending:
+                pending.append(event.subject)
         deadline = time.monotonic() + self.context.settings.revoke_ack_wait_s
         acknowledged = self.teller.acknowledged
         while any((p, g) not in acknowledged(topic) for topic, p, g in pending):

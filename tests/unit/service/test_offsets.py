@@ -27,7 +27,13 @@ from sidecar.core.errors import (
     MetadataUnavailable,
     SidecarError,
 )
-from sidecar.core.handoff import HandoffCallback, HandoffEvent, HandoffKind, Subject
+from sidecar.core.handoff import (
+    HandoffCallback,
+    HandoffEvent,
+    HandoffKind,
+    Revocation,
+    Subject,
+)
 from sidecar.core.positions import Fetch, Positions
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.offsets import Offsets
@@ -614,3 +620,34 @@ async def test_a_rebalance_does_not_wait_for_a_boundary_the_group_committed_past
     assert _pending(offsets) == []
     await offsets.auto_commit(force=True)
     assert context.consumer.commits == [{TP0: 8}]
+
+
+async def test_a_rebalance_waits_for_keys_revoked_told_even_if_no_commit_crosses_it() -> None:
+    # The group had committed partition 0 at the boundary before the change (its
+    # consumers caught up while produces were held); this instance got it there and told
+    # the app of the keys leaving at 5. The final commit crosses nothing, yet given away
+    # unacknowledged, the partition's next owner would tell its own app too.
+    context = _ordered()
+    context.settings = ConsumerSettings(revoke_ack_wait_s=30.0, revoke_ack_poll_s=0.01)
+    context.offsets.committed[("g", "t")] = {0: BOUNDARY}
+    context.consumer.group_committed[TP0] = BOUNDARY
+    offsets = _offsets(context)
+    _fetch(offsets, TP0, BOUNDARY, BOUNDARY - 1)  # nothing after the boundary yet
+    assert offsets.positions[TP0].delivered == BOUNDARY
+    told = await offsets.teller.revocation_pending("t", Revocation(0, 1, BOUNDARY))
+    assert told is not None
+    settling = asyncio.create_task(offsets.settle_before_revoke([TP0]))
+    await asyncio.sleep(0.05)
+    assert not settling.done()
+    await offsets.teller.acknowledge_events([told.event_id])
+    await asyncio.wait_for(settling, 5)
+    assert context.store.acknowledged == [("g", "t", 0, 1)]
+
+
+async def test_a_rebalance_does_not_wait_for_keys_revoked_of_partitions_it_keeps() -> None:
+    context = _ordered()
+    context.settings = ConsumerSettings(revoke_ack_wait_s=30.0, revoke_ack_poll_s=0.01)
+    offsets = _offsets(context, (TP0, TP1))
+    _deliver(offsets, TP0, 0, BOUNDARY - 1)
+    assert await offsets.teller.revocation_pending("t", Revocation(0, 1, BOUNDARY)) is not None
+    await asyncio.wait_for(offsets.settle_before_revoke([TP1]), 5)
