@@ -62,6 +62,9 @@ class HandoffTeller:
         """keys_revoked callbacks under way (and whether each is patient): the release
         loop, a commit and a rebalance listener can all need the same one at once, and
         the app must be called once, not once per need."""
+        self._closed = False
+        """The instance is being deleted: its app no longer polls, so nothing told is
+        waited for."""
 
     # Stalls -------------------------------------------------------------------------------
 
@@ -130,17 +133,29 @@ class HandoffTeller:
             self._unrecorded.discard(subject)
 
     async def record_before_revoke(
-        self, partitions: Sequence[TopicPartition], *, wait_s: float, retry_s: float
+        self,
+        partitions: Sequence[TopicPartition],
+        *,
+        wait_s: float,
+        retry_s: float,
+        poll_s: float = ConsumerSettings().revoke_ack_poll_s,
     ) -> None:
-        """Write the keys_revoked acknowledgements this instance still holds for
-        ``partitions`` to ZooKeeper before a rebalance gives them away.
+        """Before a rebalance gives ``partitions`` away, let the app acknowledge the
+        keys_revoked events it was told for them, and write the acknowledgements this
+        instance holds for them to ZooKeeper; for at most ``wait_s`` in all.
 
-        Their next owner reads the group's acknowledgements before telling its app; one
-        kept here (ZooKeeper was away when the app answered) would be told again. While
-        ZooKeeper is away the rebalance waits, for at most ``wait_s``.
+        The partitions' next owner reads the group's acknowledgements before telling its
+        own app: one told here and acknowledged just after the rebalance, or kept here
+        (ZooKeeper was away when the app answered), would be told again. The rebalance
+        waits (aiokafka awaits the listener); the app keeps polling meanwhile and finds
+        the events in its records responses.
         """
         leaving = {(tp.topic, tp.partition) for tp in partitions}
         deadline = time.monotonic() + wait_s
+        while any((e.topic, e.partition) in leaving for e in self.told_revocations()):
+            if self._closed or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(poll_s)
         while True:
             held = [s for s in self._unrecorded if (s.topic, s.partition) in leaving]
             if not held:
@@ -221,6 +236,7 @@ class HandoffTeller:
             )
 
     async def close(self) -> None:
+        self._closed = True
         for call, _ in list(self._revoke_calls.values()):
             call.cancel()
 

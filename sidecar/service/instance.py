@@ -359,13 +359,14 @@ class ConsumerInstance:
             await self.notices.tell_revoked(sorted(partitions))
             if self.config.auto_commit:
                 with contextlib.suppress(SidecarError):
-                    # Outside the delivery lock: the app keeps polling, and finds and
-                    # acknowledges the keys-revoked events this waits for.
-                    await self.offsets.settle_before_revoke(sorted(partitions))
+                    await self.offsets.tell_before_revoke(sorted(partitions))
+            # Outside the delivery lock: the app keeps polling, and finds and acknowledges
+            # the keys-revoked events this waits for.
             await self.handoff.record_before_revoke(
                 sorted(partitions),
                 wait_s=self.context.settings.revoke_ack_wait_s,
                 retry_s=self.context.settings.callback_retry_s,
+                poll_s=self.context.settings.revoke_ack_poll_s,
             )
             async with self.release.delivery_lock:
                 if self.config.auto_commit:

@@ -4,12 +4,11 @@ A commit never passes a boundary where keys moved away before the app has been t
 (``keys_revoked``) and acknowledged it: the gate of the keys' new partition opens on
 that commit. An auto-committing instance commits every ``auto_commit_interval_s``, at
 once when someone of its group waits past its delivered position, and before a
-rebalance takes its partitions (``settle_before_revoke`` then the final commit).
+rebalance takes its partitions (``tell_before_revoke`` then the final commit).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -19,7 +18,7 @@ from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.audit import events as audit_events
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
-from sidecar.core.handoff import Subject, revocations_crossed
+from sidecar.core.handoff import revocations_crossed
 from sidecar.core.positions import PartitionPosition, Positions
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.handoff import HandoffTeller
@@ -146,17 +145,14 @@ class Offsets:
         self._group_commits[tp] = (state, offset)
         return offset
 
-    async def settle_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
-        """Before a rebalance takes ``partitions`` away, get the app's keys-revoked
-        acknowledgements that committing everything delivered needs, and those of the
-        keys-revoked events it was told for them.
+    async def tell_before_revoke(self, partitions: Sequence[TopicPartition]) -> None:
+        """Before a rebalance takes ``partitions`` away, tell the app the keys-revoked
+        events that committing everything delivered needs (then the rebalance waits for
+        its acknowledgements: ``HandoffTeller.record_before_revoke``).
 
-        Otherwise the commit would stop below a boundary and the partitions' next owner
-        would deliver the records above it again. The rebalance waits (aiokafka awaits
-        this listener) for at most ``consumer.revoke_ack_wait_s``; the app keeps polling
-        meanwhile and finds the events in its records responses.
+        Otherwise the final commit would stop below a boundary and the partitions' next
+        owner would deliver the records above it again.
         """
-        pending: list[Subject] = []
         for tp in partitions:
             state = self.positions.get(tp)
             runtime = self.context.registry.topics.get(tp.topic)
@@ -170,26 +166,11 @@ class Offsets:
             try:
                 before = await self._committed_before(tp, state, len(runtime.state.modes))
             except SidecarError:
-                before = 0  # Kafka cannot say: wait for what a commit from 0 would need
+                before = 0  # Kafka cannot say: tell what a commit from 0 would need
             for revocation in revocations_crossed(
                 runtime.state.log, tp.partition, before, state.delivered
             ):
-                if await self.teller.revocation_pending(tp.topic, revocation) is not None:
-                    pending.append(Subject(tp.topic, revocation.partition, revocation.generation))
-        # keys_revoked already told for a leaving partition, even one no commit crosses
-        # (everything before its boundary delivered, nothing after): the app is about
-        # to acknowledge it. Given away unacknowledged, the partition's next owner would
-        # tell its own app too.
-        leaving = {(tp.topic, tp.partition) for tp in partitions}
-        for event in self.teller.told_revocations():
-            if (event.topic, event.partition) in leaving and event.subject not in pending:
-                pending.append(event.subject)
-        deadline = time.monotonic() + self.context.settings.revoke_ack_wait_s
-        acknowledged = self.teller.acknowledged
-        while any((p, g) not in acknowledged(topic) for topic, p, g in pending):
-            if time.monotonic() >= deadline:
-                return
-            await asyncio.sleep(self.context.settings.revoke_ack_poll_s)
+                await self.teller.revocation_pending(tp.topic, revocation)
 
     async def commit_quietly(self, *, force: bool) -> None:
         """Auto-commit; a failure (a rebalance in progress, a coordinator moving) is

@@ -568,12 +568,25 @@ async def test_waits_that_cannot_be_read_are_left_for_later() -> None:
 # Before a rebalance takes the partitions -------------------------------------------------
 
 
+async def _before_revoke(offsets: Offsets, partitions: list[TopicPartition]) -> None:
+    """What the instance's rebalance listener does before the partitions go (the
+    final commit apart): tell what a commit needs, wait for the acknowledgements."""
+    await offsets.tell_before_revoke(partitions)
+    settings = offsets.context.settings
+    await offsets.teller.record_before_revoke(
+        partitions,
+        wait_s=settings.revoke_ack_wait_s,
+        retry_s=settings.callback_retry_s,
+        poll_s=settings.revoke_ack_poll_s,
+    )
+
+
 async def test_a_rebalance_waits_for_the_app_to_acknowledge_keys_revoked() -> None:
     context = _ordered()
     context.settings = ConsumerSettings(revoke_ack_wait_s=30.0, revoke_ack_poll_s=0.01)
     offsets = _offsets(context)
     _deliver(offsets, TP0, 0, 7)
-    settling = asyncio.create_task(offsets.settle_before_revoke([TP0]))
+    settling = asyncio.create_task(_before_revoke(offsets, [TP0]))
     await asyncio.sleep(0.05)
     assert not settling.done()
     # The app finds the event in its next poll and acknowledges it.
@@ -590,7 +603,7 @@ async def test_a_rebalance_stops_waiting_for_keys_revoked_after_revoke_ack_wait_
     offsets = _offsets(context)
     _deliver(offsets, TP0, 0, 7)
     began = time.monotonic()
-    await asyncio.wait_for(offsets.settle_before_revoke([TP0]), 5)
+    await asyncio.wait_for(_before_revoke(offsets, [TP0]), 5)
     assert time.monotonic() - began >= 0.2
     # The final commit then stops below the boundary.
     await offsets.auto_commit(force=True)
@@ -603,7 +616,7 @@ async def test_a_rebalance_does_not_wait_when_nothing_needs_acknowledging() -> N
     offsets = _offsets(context, (TP0, TP1))
     _deliver(offsets, TP0, 0, 3)  # below the boundary
     _deliver(offsets, TP1, 0, 9)  # partition 1 gives no keys away
-    await asyncio.wait_for(offsets.settle_before_revoke([TP0, TP1]), 5)
+    await asyncio.wait_for(_before_revoke(offsets, [TP0, TP1]), 5)
     assert _pending(offsets) == []
 
 
@@ -616,7 +629,7 @@ async def test_a_rebalance_does_not_wait_for_a_boundary_the_group_committed_past
     context.consumer.group_committed[TP0] = BOUNDARY
     offsets = _offsets(context)
     _deliver(offsets, TP0, 5, 7)
-    await asyncio.wait_for(offsets.settle_before_revoke([TP0]), 5)
+    await asyncio.wait_for(_before_revoke(offsets, [TP0]), 5)
     assert _pending(offsets) == []
     await offsets.auto_commit(force=True)
     assert context.consumer.commits == [{TP0: 8}]
@@ -636,7 +649,7 @@ async def test_a_rebalance_waits_for_keys_revoked_told_even_if_no_commit_crosses
     assert offsets.positions[TP0].delivered == BOUNDARY
     told = await offsets.teller.revocation_pending("t", Revocation(0, 1, BOUNDARY))
     assert told is not None
-    settling = asyncio.create_task(offsets.settle_before_revoke([TP0]))
+    settling = asyncio.create_task(_before_revoke(offsets, [TP0]))
     await asyncio.sleep(0.05)
     assert not settling.done()
     await offsets.teller.acknowledge_events([told.event_id])
@@ -650,4 +663,17 @@ async def test_a_rebalance_does_not_wait_for_keys_revoked_of_partitions_it_keeps
     offsets = _offsets(context, (TP0, TP1))
     _deliver(offsets, TP0, 0, BOUNDARY - 1)
     assert await offsets.teller.revocation_pending("t", Revocation(0, 1, BOUNDARY)) is not None
-    await asyncio.wait_for(offsets.settle_before_revoke([TP1]), 5)
+    await asyncio.wait_for(_before_revoke(offsets, [TP1]), 5)
+
+
+async def test_a_rebalance_of_an_instance_being_deleted_does_not_wait_for_its_app() -> None:
+    context = _ordered()
+    context.settings = ConsumerSettings(revoke_ack_wait_s=30.0, revoke_ack_poll_s=0.01)
+    offsets = _offsets(context)
+    _deliver(offsets, TP0, 0, 7)
+    settling = asyncio.create_task(_before_revoke(offsets, [TP0]))
+    await asyncio.sleep(0.05)
+    assert not settling.done()
+    await offsets.teller.close()
+    await asyncio.wait_for(settling, 5)
+    assert context.store.acknowledged == []
