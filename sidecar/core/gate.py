@@ -27,6 +27,7 @@ ends. This is what allows an expansion while a shrink is still draining.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -113,26 +114,8 @@ def direct_waits(log: GenerationLog, partition: int, generation: int) -> tuple[W
     ``k`` that kept ``partition``: one wait per retired partition whose keys moved
     into it (O(log n) for moderate shrinks). Oldest change first.
     """
-    waits: list[Wait] = []
-    for number in range(1, generation + 1):
-        before, after = log[number - 1], log[number]
-        old_count, new_count = before.undeleted_count, after.undeleted_count
-        if new_count > old_count:
-            if not old_count <= partition < new_count:
-                continue
-            sources = [expansion_blocker(partition, log.initial_count, old_count)]
-            kind = ChangeKind.EXPANSION
-        else:
-            if partition >= new_count:
-                continue
-            sources = shrink_blockers(partition, log.initial_count, old_count, new_count)
-            kind = ChangeKind.SHRINK
-        for source in sources:
-            boundary = after.boundary(source)
-            # A source partition existed under the old count, so it has a boundary.
-            assert boundary is not None
-            waits.append(Wait(source, boundary, number, kind))
-    return tuple(waits)
+    numbers, changes = _direct_wait_table(log).get(partition, ((), ()))
+    return tuple(w for waits in changes[: bisect.bisect_right(numbers, generation)] for w in waits)
 
 
 def waits_into(log: GenerationLog, partition: int, generation: int) -> tuple[Wait, ...]:
@@ -141,32 +124,111 @@ def waits_into(log: GenerationLog, partition: int, generation: int) -> tuple[Wai
     The transitive closure of ``direct_waits`` (see the module comment), one wait per
     source partition, sorted by source. Waits on offset 0 are dropped: always met.
     """
-    return log.derived(
-        ("waits_into", partition, generation), lambda: _waits_into(log, partition, generation)
-    )
+
+    def compute() -> tuple[Wait, ...]:
+        strongest = _strongest_waits(log, partition, generation)
+        return tuple(strongest[s] for s in sorted(strongest) if strongest[s].boundary > 0)
+
+    return log.derived(("waits_into", partition, generation), compute)
 
 
-def _waits_into(log: GenerationLog, partition: int, generation: int) -> tuple[Wait, ...]:
-    strongest: dict[int, Wait] = {}
-    seen: set[tuple[int, int]] = set()
-    pending = [(partition, generation)]
-    while pending:
-        node = pending.pop()
-        if node in seen:
+_DirectWaitTable = dict[int, tuple[list[int], list[tuple[Wait, ...]]]]
+"""Per partition, the changes that moved keys straight into it (ascending numbers) and
+each one's direct waits."""
+
+
+def _direct_wait_table(log: GenerationLog) -> _DirectWaitTable:
+    """Built once per log, in one pass over its changes: asked per generation, the
+    direct waits were a pass over every older change each time, and the closure asks
+    them for many nodes (seconds per change on a log of a few hundred generations)."""
+
+    def build() -> _DirectWaitTable:
+        table: _DirectWaitTable = {}
+        for number in range(1, len(log.generations)):
+            before, after = log[number - 1], log[number]
+            old_count, new_count = before.undeleted_count, after.undeleted_count
+            moves: dict[int, list[int]]
+            if new_count > old_count:
+                moves = {
+                    partition: [expansion_blocker(partition, log.initial_count, old_count)]
+                    for partition in range(old_count, new_count)
+                }
+                kind = ChangeKind.EXPANSION
+            else:
+                moves = {
+                    partition: shrink_blockers(partition, log.initial_count, old_count, new_count)
+                    for partition in range(new_count)
+                }
+                kind = ChangeKind.SHRINK
+            for partition, sources in moves.items():
+                waits = []
+                for source in sources:
+                    boundary = after.boundary(source)
+                    # A source partition existed under the old count, so it has a boundary.
+                    assert boundary is not None
+                    waits.append(Wait(source, boundary, number, kind))
+                if waits:
+                    numbers, changes = table.setdefault(partition, ([], []))
+                    numbers.append(number)
+                    changes.append(tuple(waits))
+        return table
+
+    return log.derived(("direct_wait_table",), build)
+
+
+def _strongest_waits(log: GenerationLog, partition: int, generation: int) -> Mapping[int, Wait]:
+    """Per source, the strongest wait reachable from ``(partition, generation)`` through
+    ``direct_waits`` (boundary-0 waits kept): the closure ``waits_into`` reduces.
+
+    Evaluated per (partition, change into it), newest first, reusing each result for the
+    log: what ``(p, g)`` reaches is what ``p`` reached at its previous change into it,
+    plus each wait of the change at or below ``g`` and what its source reached in the
+    generation before that change. Each step goes to an older generation, so it ends
+    (the module comment); an explicit stack, since chains are as long as the log.
+    """
+    table = _direct_wait_table(log)
+    memo: dict[tuple[int, int], dict[int, Wait]] = log.derived(("strongest_waits",), dict)
+
+    def node(p: int, g: int) -> tuple[int, int] | None:
+        numbers = table[p][0] if p in table else []
+        index = bisect.bisect_right(numbers, g) - 1
+        return None if index < 0 else (p, index)
+
+    root = node(partition, generation)
+    if root is None:
+        return {}
+    stack = [root]
+    while stack:
+        current = stack[-1]
+        if current in memo:
+            stack.pop()
             continue
-        seen.add(node)
-        for wait in direct_waits(log, *node):
-            held = strongest.get(wait.source)
-            # Of two waits on one source at the same boundary (nothing was written to it
-            # between the two changes), the newer: the gate holds until every keys_revoked
-            # of the source up to that change is acknowledged, not only the older one's.
-            if held is None or (wait.boundary, wait.generation) > (held.boundary, held.generation):
-                strongest[wait.source] = wait
-            # What a record of the source in the generation before the change waits for.
-            pending.append((wait.source, wait.generation - 1))
-    return tuple(
-        strongest[source] for source in sorted(strongest) if strongest[source].boundary > 0
-    )
+        p, index = current
+        waits = table[p][1][index]
+        previous = (p, index - 1) if index > 0 else None
+        inherited = [node(w.source, w.generation - 1) for w in waits]
+        needed = [n for n in (previous, *inherited) if n is not None and n not in memo]
+        if needed:
+            stack.extend(needed)
+            continue
+        strongest = dict(memo[previous]) if previous is not None else {}
+        for wait, source_node in zip(waits, inherited, strict=True):
+            _keep_stronger(strongest, wait)
+            if source_node is not None:
+                for reached in memo[source_node].values():
+                    _keep_stronger(strongest, reached)
+        memo[current] = strongest
+        stack.pop()
+    return memo[root]
+
+
+def _keep_stronger(strongest: dict[int, Wait], wait: Wait) -> None:
+    # Of two waits on one source at the same boundary (nothing was written to it between
+    # the two changes), the newer: the gate holds until every keys_revoked of the source
+    # up to that change is acknowledged, not only the older one's.
+    held = strongest.get(wait.source)
+    if held is None or (wait.boundary, wait.generation) > (held.boundary, held.generation):
+        strongest[wait.source] = wait
 
 
 def gate(log: GenerationLog, progress: GroupProgress, partition: int, offset: int) -> GateDecision:

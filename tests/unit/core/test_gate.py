@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sidecar.core.gate import GroupProgress, Wait, direct_waits, gate, waits_into
 from sidecar.core.generations import Boundary, ChangeKind, GenerationLog, PartitionMode
 from sidecar.core.handoff import revocation_points, revocations_due, revoked_through
-from sidecar.core.routing import linear_hash_partition
+from sidecar.core.routing import expansion_blocker, linear_hash_partition, shrink_blockers
 
 RW, RO, REMOVED = PartitionMode.READ_WRITE, PartitionMode.READ_ONLY, PartitionMode.REMOVED
 
@@ -61,6 +61,29 @@ def modes_of(log: GenerationLog) -> list[PartitionMode]:
     ]
 
 
+def naive_direct_waits(log: GenerationLog, partition: int, generation: int) -> list[Wait]:
+    """``direct_waits`` by its definition: one pass over changes ``1..generation``."""
+    waits = []
+    for number in range(1, generation + 1):
+        old_count = log[number - 1].undeleted_count
+        new_count = log[number].undeleted_count
+        if new_count > old_count:
+            if not old_count <= partition < new_count:
+                continue
+            sources = [expansion_blocker(partition, log.initial_count, old_count)]
+            kind = ChangeKind.EXPANSION
+        elif partition < new_count:
+            sources = shrink_blockers(partition, log.initial_count, old_count, new_count)
+            kind = ChangeKind.SHRINK
+        else:
+            continue
+        for source in sources:
+            boundary = log[number].boundary(source)
+            assert boundary is not None
+            waits.append(Wait(source, boundary, number, kind))
+    return waits
+
+
 def every_wait_into(log: GenerationLog, partition: int, generation: int) -> list[Wait]:
     """Every direct wait reachable from ``(partition, generation)``, none merged: the
     oracle the gate's one-wait-per-source reduction is checked against."""
@@ -72,7 +95,7 @@ def every_wait_into(log: GenerationLog, partition: int, generation: int) -> list
         if node in seen:
             continue
         seen.add(node)
-        for wait in direct_waits(log, *node):
+        for wait in naive_direct_waits(log, *node):
             found.append(wait)
             pending.append((wait.source, wait.generation - 1))
     return found
@@ -250,6 +273,53 @@ def test_of_two_waits_on_one_boundary_the_newer_change_counts() -> None:
         revoked_through=revoked_through(log, {(0, 3), (2, 2), (2, 4)}),
     )
     assert gate(log, both_told, 0, 6).open
+
+
+@given(topic=topics())
+def test_waits_into_is_the_strongest_reachable_wait_per_source(topic: SimulatedTopic) -> None:
+    # Checked against the definition: every direct wait reachable by the plain closure,
+    # the newest of the highest boundary per source, offset-0 waits left out.
+    log = topic.log
+    for generation in log.generations:
+        for partition in range(generation.physical_count):
+            assert list(direct_waits(log, partition, generation.number)) == (
+                naive_direct_waits(log, partition, generation.number)
+            )
+            strongest: dict[int, Wait] = {}
+            for wait in every_wait_into(log, partition, generation.number):
+                held = strongest.get(wait.source)
+                if held is None or (wait.boundary, wait.generation) > (
+                    held.boundary,
+                    held.generation,
+                ):
+                    strongest[wait.source] = wait
+            expected = tuple(strongest[s] for s in sorted(strongest) if strongest[s].boundary > 0)
+            # On a fresh log (no memo) and on the one already asked about older nodes.
+            fresh = GenerationLog(log.initial_count, log.generations)
+            assert waits_into(fresh, partition, generation.number) == expected
+            assert waits_into(log, partition, generation.number) == expected
+
+
+def test_waits_into_a_long_log_is_quick_to_compute() -> None:
+    # A topic changed a thousand times: the closure is computed once per (partition,
+    # change into it), not once per node and older change (that took seconds per log).
+    topic = SimulatedTopic.create(2)
+    counts = [3, 7, 2, 12, 5, 9, 4, 11, 6, 2, 10, 8]
+    for number in range(1000):
+        target = counts[number % len(counts)]
+        if target == topic.log.current.undeleted_count:
+            target += 1
+        for key in range(number % 40):
+            topic.produce(key)
+        topic.change_count(target)
+    log = topic.log
+    for partition in range(log.current.physical_count):
+        for generation in range(log.current.number - 50, log.current.number + 1):
+            for wait in waits_into(log, partition, generation):
+                assert wait.generation <= generation
+    memo = log.derived(("strongest_waits",), dict)
+    changes_into = sum(len(n) for n, _ in log.derived(("direct_wait_table",), dict).values())
+    assert 0 < len(memo) <= changes_into
 
 
 @given(topic=topics())
