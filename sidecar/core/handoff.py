@@ -116,18 +116,26 @@ def revocation_points(log: GenerationLog, partition: int) -> tuple[Revocation, .
 
 def _revocation_points(log: GenerationLog, partition: int) -> tuple[Revocation, ...]:
     points: list[Revocation] = []
-    for number in range(1, len(log.generations)):
-        before, after = log[number - 1], log[number]
-        sources = {
-            source
-            for source, _ in relocations(
-                log.initial_count, before.undeleted_count, after.undeleted_count
-            )
-        }
-        boundary = after.boundary(partition)
+    for number, sources in enumerate(_relocation_sources(log)):
+        boundary = log[number].boundary(partition)
         if partition in sources and boundary is not None:
             points.append(Revocation(partition, number, boundary))
     return tuple(points)
+
+
+def _relocation_sources(log: GenerationLog) -> tuple[frozenset[int], ...]:
+    """Per generation number, the partitions whose keys its change moved away (none for
+    generation 0): once per log, shared by every partition's revocation points."""
+
+    def compute() -> tuple[frozenset[int], ...]:
+        sources = [frozenset[int]()]
+        for number in range(1, len(log.generations)):
+            before, after = log[number - 1], log[number]
+            moved = relocations(log.initial_count, before.undeleted_count, after.undeleted_count)
+            sources.append(frozenset(source for source, _ in moved))
+        return tuple(sources)
+
+    return log.derived(("relocation_sources",), compute)
 
 
 def revocations_due(
