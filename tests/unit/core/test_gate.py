@@ -317,8 +317,9 @@ def test_waits_into_a_long_log_is_quick_to_compute() -> None:
         for generation in range(log.current.number - 50, log.current.number + 1):
             for wait in waits_into(log, partition, generation):
                 assert wait.generation <= generation
-    memo = log.derived(("strongest_waits",), dict)
-    changes_into = sum(len(n) for n, _ in log.derived(("direct_wait_table",), dict).values())
+    memo: dict[tuple[int, int], object] = log.derived(("strongest_waits",), dict)
+    table: dict[int, tuple[list[int], list[object]]] = log.derived(("direct_wait_table",), dict)
+    changes_into = sum(len(numbers) for numbers, _ in table.values())
     assert 0 < len(memo) <= changes_into
 
 
