@@ -232,15 +232,22 @@ class SidecarServer:
         then, every round, release change locks left by interrupted attempts, finish
         changes nobody drives, withdraw barriers no change owns, and retire drained
         partitions."""
-        await self.changes.boundaries.report_lost(
-            {topic: runtime.state.log for topic, runtime in self.sidecar.topics.items()}
-        )
+        try:
+            await self.changes.boundaries.report_lost(
+                {topic: runtime.state.log for topic, runtime in self.sidecar.topics.items()}
+            )
+        except SidecarError as exc:
+            _log.info("boundaries not checked at start (at the next change): %s", exc.message)
+        except Exception:
+            _log.exception("checking boundaries at start failed")
         while True:
             await asyncio.sleep(self.settings.changes.housekeeping_interval_s)
             try:
                 await self.store.release_leftover_locks()
             except SidecarError as exc:
                 _log.debug("leftover locks not checked: %s", exc.message)
+            except Exception:
+                _log.exception("checking leftover locks failed; next round")
             for topic, runtime in list(self.sidecar.topics.items()):
                 try:
                     await self.changes.resume_abandoned(topic, runtime.state.pending)
@@ -248,6 +255,11 @@ class SidecarServer:
                 except SidecarError as exc:
                     # Another sidecar holds the lock or ZooKeeper is away: next round.
                     _log.debug("housekeeping of %s deferred: %s", topic, exc.message)
+                except Exception:
+                    # A bug or an untranslated client error: the task must outlive it
+                    # (ended, no change would be resumed and no partition retired, and
+                    # stop() would meet the error instead of shutting down).
+                    _log.exception("housekeeping of %s failed; next round", topic)
 
 
 async def _listen(site: web.BaseSite, setting: str, host: str, port: int) -> None:

@@ -666,3 +666,55 @@ async def test_housekeeping_checks_boundaries_once_then_every_round_resumes_and_
         "resume b None",
         "retire b",
     ]
+
+
+async def test_housekeeping_outlives_unexpected_errors_and_stop_still_shuts_down(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bug or an untranslated client error once ended the task for good (no change
+    # resumed, no partition retired again), and stop() then raised it before shutting
+    # anything down. ZooKeeper away at the first boundary check ended it too.
+    server = make(settings_for(changes=ChangeSettings(housekeeping_interval_s=0.01)))
+    server.sidecar.topics.update(
+        {"a": cast(TopicRuntime, FakeRuntime(GenerationLog.start(2), pending=None))}
+    )
+    calls: list[str] = []
+
+    async def report_lost(logs: dict[str, GenerationLog]) -> dict[str, int | None]:
+        calls.append("boundaries")
+        raise MetadataUnavailable("ZooKeeper away")
+
+    async def release_leftover_locks() -> list[str]:
+        calls.append("locks")
+        if calls.count("locks") == 1:
+            raise KeyError("an untranslated client error")
+        return []
+
+    async def resume_abandoned(topic: str, pending: object) -> None:
+        calls.append(f"resume {topic}")
+
+    async def retire(topic: str) -> dict[int, object]:
+        calls.append(f"retire {topic}")
+        if calls.count(f"retire {topic}") == 1:
+            raise RuntimeError("a bug")
+        return {}
+
+    stopped: list[str] = []
+    original_stop = server.sidecar.stop
+
+    async def registry_stop() -> None:
+        stopped.append("registry")
+        await original_stop()
+
+    monkeypatch.setattr(server.sidecar, "start", ScriptedStart(None))
+    monkeypatch.setattr(server.sidecar, "stop", registry_stop)
+    monkeypatch.setattr(server.changes.boundaries, "report_lost", report_lost)
+    monkeypatch.setattr(server.store, "release_leftover_locks", release_leftover_locks)
+    monkeypatch.setattr(server.changes, "resume_abandoned", resume_abandoned)
+    monkeypatch.setattr(server.retirer, "retire", retire)
+    await server.start()
+    await asyncio.wait_for(server.wait_ready(), WITHIN_S)
+    await eventually(lambda: calls.count("retire a") >= 3)
+    await asyncio.wait_for(server.stop(), WITHIN_S)
+    assert calls[:4] == ["boundaries", "locks", "resume a", "retire a"]
+    assert stopped == ["registry"]
