@@ -162,12 +162,13 @@ async def produce(request: web.Request) -> web.Response:
     settings = app[SETTINGS_KEY]
     metrics = app[METRICS_KEY]
     topic = request.match_info["topic"]
-    partition = partition_in_path(request)
     body = await request.read()
     began = time.monotonic()
     outcome_label = "error"
     served = False
+    ran = False
     try:
+        partition = partition_in_path(request)
         decoded = decode_produce_request(
             body,
             content_type=request.headers.get("Content-Type"),
@@ -181,6 +182,8 @@ async def produce(request: web.Request) -> web.Response:
             await app[TOPICS_KEY].check_writable(topic, partition)
 
         async def run() -> ProduceOutcome:
+            nonlocal ran
+            ran = True
             return await app[PRODUCE_KEY].produce(topic, decoded, partition)
 
         if decoded.idempotency_key is None:
@@ -189,15 +192,21 @@ async def produce(request: web.Request) -> web.Response:
             scope = (topic, str(partition), decoded.idempotency_key)
             outcome = await app[IDEMPOTENCY_KEY].run(scope, body, run)
         served = True  # the topic exists: it is managed, or Kafka served it
-        written = sum(1 for r in outcome.results if hasattr(r, "offset"))
+        wrote = [hasattr(result, "offset") for result in outcome.results]
+        written = sum(wrote)
         failed = len(outcome.results) - written
         outcome_label = "ok" if failed == 0 else ("partial" if written else "failed")
-        label = metrics.topic_label(topic, exists=True)
-        metrics.produce_records.labels(label, "written").inc(written)
-        metrics.produce_records.labels(label, "failed").inc(failed)
-        metrics.produce_bytes.labels(label).inc(
-            sum(len(r.key or b"") + len(r.value or b"") for r in decoded.records)
-        )
+        if ran:  # a retry answered from the idempotency cache wrote nothing again
+            label = metrics.topic_label(topic, exists=True)
+            metrics.produce_records.labels(label, "written").inc(written)
+            metrics.produce_records.labels(label, "failed").inc(failed)
+            metrics.produce_bytes.labels(label).inc(
+                sum(
+                    len(record.key or b"") + len(record.value or b"")
+                    for record, ok in zip(decoded.records, wrote, strict=False)
+                    if ok
+                )
+            )
     except SidecarError as exc:
         outcome_label = str(exc.error_code)
         raise

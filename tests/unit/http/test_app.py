@@ -445,6 +445,45 @@ async def test_the_bytes_of_a_written_request_are_its_keys_and_values(
     assert bytes_total == len(b"k1") + len(b"value") + len(b"x")
 
 
+async def test_the_bytes_of_failed_records_are_not_counted(
+    client: Client, sidecar: _Sidecar
+) -> None:
+    # sidecar_produce_bytes_total counts written records only: the first is refused.
+    sidecar.produce.results = [RecordFailed(42201, "x"), RecordWritten(1, 2)]
+    status, _ = await _produce(client, "/topics/plain", {"records": [RECORD, {"value": "eA=="}]})
+    assert status == 200
+    bytes_total = sidecar.metrics.registry.get_sample_value(
+        "sidecar_produce_bytes_total", {"topic": "plain"}
+    )
+    assert bytes_total == len(b"x")
+
+
+async def test_a_retry_answered_from_the_idempotency_cache_counts_no_records_again(
+    client: Client, sidecar: _Sidecar
+) -> None:
+    headers = BINARY | {"Idempotency-Key": "retry-1"}
+    for _ in range(2):
+        status, _ = await _produce(client, "/topics/plain", {"records": [RECORD]}, headers)
+        assert status == 200
+    assert len(sidecar.produce.calls) == 1
+    # Two requests answered, one record written once.
+    assert sidecar.requests("plain", "ok") == 2
+    assert sidecar.records("plain", "written") == 1
+    bytes_total = sidecar.metrics.registry.get_sample_value(
+        "sidecar_produce_bytes_total", {"topic": "plain"}
+    )
+    assert bytes_total == len(b"k1") + len(b"value")
+
+
+async def test_a_produce_to_a_partition_that_is_not_a_number_is_counted(
+    client: Client, sidecar: _Sidecar
+) -> None:
+    status, body = await _produce(client, "/topics/orders/partitions/x", {"records": [RECORD]})
+    assert status == 404
+    assert sidecar.requests("orders", str(body["error_code"])) == 1
+    assert sidecar.produce.calls == []
+
+
 async def test_a_refused_produce_for_an_unknown_topic_adds_no_series_of_its_name(
     client: Client, sidecar: _Sidecar
 ) -> None:
