@@ -417,7 +417,7 @@ async def test_registration_survives_an_expired_session(
         await store.register_sidecar("a", {"http_port": 1})
         # ZooKeeper's classic way to expire a session: another client joins it and
         # closes it.
-        session = store._client.client_id
+        session = store._connection.client.client_id
         intruder = KazooClient(hosts=cluster.zookeeper_hosts, client_id=session)
         await asyncio.to_thread(intruder.start)
         await asyncio.to_thread(intruder.stop)
@@ -436,7 +436,7 @@ async def test_a_leftover_lock_of_this_session_is_released(
     node of this (still live) session that the store does not count as held. It blocks
     the other sidecars only until the leftover sweep or this store's next attempt."""
     path = f"{root}/locks/orders"
-    await asyncio.to_thread(store._client.create, path, b"{}", ephemeral=True)
+    await asyncio.to_thread(store._connection.client.create, path, b"{}", ephemeral=True)
     async with _started(cluster, root) as other:
         with pytest.raises(OperationInProgress):
             async with other.lock("orders", "b", timeout=0.2):
@@ -451,7 +451,7 @@ async def test_a_leftover_lock_of_this_session_is_released(
             assert await store.release_leftover_locks() == []
         assert await store.lock_holder("orders") is None
     # This store's own next attempt clears a leftover of its session too.
-    await asyncio.to_thread(store._client.create, path, b"{}", ephemeral=True)
+    await asyncio.to_thread(store._connection.client.create, path, b"{}", ephemeral=True)
     async with store.lock("orders", "a", timeout=1.0):
         assert store.holds_lock("orders")
     assert not store.holds_lock("orders")

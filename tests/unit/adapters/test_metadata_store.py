@@ -30,8 +30,8 @@ class _SessionLostClient:
 
 async def test_a_lock_attempt_as_the_session_ends_is_unavailable_not_a_bug() -> None:
     store = MetadataStore("127.0.0.1:1")
-    store._client = _SessionLostClient()
-    store._state = SessionState.CONNECTED  # what the store believed a moment ago
+    store._connection.client = _SessionLostClient()
+    store._connection.state = SessionState.CONNECTED  # what the store believed a moment ago
     with pytest.raises(MetadataUnavailable):
         async with store.lock("orders", "sidecar-a", timeout=0):
             pass
@@ -64,17 +64,17 @@ def test_committed_generations_are_read_once_each() -> None:
     store = MetadataStore("127.0.0.1:1")
     log = _grown(_grown(GenerationLog.start(2), 3), 4)
     client = _GenerationsClient(log)
-    store._client = client
-    assert store._committed_generations("t", "/t", created=11) == list(log.generations)
+    store._connection.client = client
+    assert store._topics._committed_generations("t", "/t", created=11) == list(log.generations)
     assert len(client.reads) == 3
     # A commit adds generation 3: only it is read.
     longer = _grown(log, 5)
     client.nodes = _GenerationsClient(longer).nodes
-    assert store._committed_generations("t", "/t", created=11) == list(longer.generations)
+    assert store._topics._committed_generations("t", "/t", created=11) == list(longer.generations)
     assert client.reads[3:] == ["/t/generations/0000000003"]
     # The topic made anew under the same name (another czxid): everything is read again.
     client.reads.clear()
     anew = GenerationLog.start(6)
     client.nodes = _GenerationsClient(anew).nodes
-    assert store._committed_generations("t", "/t", created=42) == list(anew.generations)
+    assert store._topics._committed_generations("t", "/t", created=42) == list(anew.generations)
     assert client.reads == ["/t/generations/0000000000"]
