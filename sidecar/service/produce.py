@@ -39,6 +39,7 @@ from sidecar.core.errors import (
     UnknownGeneration,
     UnknownPartition,
 )
+from sidecar.core.participant import Admission, Participant, SessionState
 from sidecar.core.placement import (
     RELOCATION_HEADER,
     HeaderFormat,
@@ -48,7 +49,6 @@ from sidecar.core.placement import (
     require_key_for_tombstone,
     sidecar_headers,
 )
-from sidecar.core.procedures import Admission, Participant, SessionState
 from sidecar.core.produce import ProduceRequest, ProduceResult, RecordFailed, RecordWritten
 from sidecar.core.routing import default_partition
 from sidecar.metrics import SidecarMetrics

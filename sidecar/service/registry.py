@@ -41,12 +41,8 @@ from sidecar.core.errors import (
     UnknownTopic,
 )
 from sidecar.core.generations import assignable_partitions
-from sidecar.core.procedures import (
-    Participant,
-    SessionState,
-    TransactionalId,
-    incarnation_ids,
-)
+from sidecar.core.participant import Participant, SessionState
+from sidecar.core.procedures import TransactionalId, incarnation_ids
 from sidecar.core.topics import PendingBarrier, TopicState
 from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics

@@ -23,11 +23,11 @@ from sidecar.core.errors import (
     UnknownTopic,
 )
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode, modes_after_commit
+from sidecar.core.participant import SessionState
 from sidecar.core.procedures import (
     Operation,
     OperationKind,
     Phase,
-    SessionState,
     SidecarId,
     TransactionalId,
 )

@@ -45,7 +45,7 @@ from sidecar.adapters.zookeeper_security import identity_of, kazoo_arguments
 from sidecar.config import ZooKeeperSecuritySettings
 from sidecar.core import names as _names
 from sidecar.core.errors import MetadataNotAuthorized, MetadataUnavailable
-from sidecar.core.procedures import SessionState
+from sidecar.core.participant import SessionState
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")

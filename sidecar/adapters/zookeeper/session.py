@@ -21,7 +21,7 @@ from sidecar.adapters.zookeeper.operations import Operations
 from sidecar.adapters.zookeeper.sidecars import Sidecars
 from sidecar.adapters.zookeeper_security import diagnose_tls
 from sidecar.core.errors import MetadataNotAuthorized, MetadataUnavailable
-from sidecar.core.procedures import SessionState
+from sidecar.core.participant import SessionState
 
 _CONNECT_POLL_S = 0.05
 """How often ``start`` looks whether kazoo's thread has a session yet."""

@@ -23,7 +23,8 @@ from sidecar.adapters.zookeeper.sidecars import Sidecars
 from sidecar.adapters.zookeeper.topics import Topics
 from sidecar.config import ZooKeeperSecuritySettings
 from sidecar.core.generations import Generation, PartitionMode
-from sidecar.core.procedures import Operation, SessionState, SidecarId, TransactionalId
+from sidecar.core.participant import SessionState
+from sidecar.core.procedures import Operation, SidecarId, TransactionalId
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
 from sidecar.core.truncation import ConfirmedLoss
 

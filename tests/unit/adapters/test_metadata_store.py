@@ -11,7 +11,7 @@ from kazoo.exceptions import NodeExistsError
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.errors import MetadataUnavailable
 from sidecar.core.generations import Boundary, GenerationLog
-from sidecar.core.procedures import SessionState
+from sidecar.core.participant import SessionState
 from sidecar.core.serialization import generation_to_json
 
 

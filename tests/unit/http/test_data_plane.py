@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sidecar.config import HttpSettings, Settings
 from sidecar.core.errors import NotReady
-from sidecar.core.procedures import SessionState
+from sidecar.core.participant import SessionState
 from sidecar.http.app import DATA_TOKEN_HEADER, build_app
 from sidecar.http.ops import build_ops_app
 from sidecar.metrics import SidecarMetrics

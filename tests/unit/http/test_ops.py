@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.core.procedures import SessionState
+from sidecar.core.participant import SessionState
 from sidecar.http.ops import OPS_PATHS, add_ops_routes, build_ops_app
 from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE
 from sidecar.metrics import SidecarMetrics

@@ -15,7 +15,7 @@ from typing import Any
 
 from sidecar.config import Settings
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
-from sidecar.core.procedures import Admission
+from sidecar.core.participant import Admission
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.registry import TopicRegistry
