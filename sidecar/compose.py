@@ -25,7 +25,7 @@ from aiohttp import web
 from sidecar.adapters.callbacks import CallbackClient
 from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions, ordered_assignor
 from sidecar.adapters.kafka import KafkaGateway
-from sidecar.adapters.transactions import PartitionWarmer
+from sidecar.adapters.partition_warmer import PartitionWarmer
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.config import ConfigError, Settings
 from sidecar.core.backoff import Backoff

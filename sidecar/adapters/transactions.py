@@ -66,17 +66,13 @@ from sidecar.core.errors import (
     KafkaAuthenticationFailed,
     KafkaUnavailable,
     ProducerFenced,
-    SidecarError,
 )
-from sidecar.core.placement import WARM_HEADER
 from sidecar.faults import FaultHooks
 
 _log = logging.getLogger(__name__)
 
 
 Outcome = SentRecord | SendFailed
-
-WARM_MARK: tuple[str, bytes] = (WARM_HEADER, b"1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +205,9 @@ class TransactionalWriter:
         if failure is not None:
             for producer in started:
                 if not isinstance(producer, BaseException):
-                    await _close(producer, self._timeout_s, "a lane of a writer that failed")
+                    await close_transactional_producer(
+                        producer, self._timeout_s, "a lane of a writer that failed"
+                    )
             raise failure
         for lane, producer in zip(self._lanes, started, strict=True):
             lane.producer = producer
@@ -504,95 +502,12 @@ class TransactionalWriter:
     async def _close_producer(self, lane: _Lane) -> None:
         producer, lane.producer = lane.producer, None
         if producer is not None:
-            await _close(producer, self._timeout_s, lane.transactional_id)
+            await close_transactional_producer(producer, self._timeout_s, lane.transactional_id)
 
 
-class PartitionWarmer:
-    """Gives each partition a change adds one replicated write before the change's
-    barrier holds any produce, in a transaction that is then aborted.
-
-    A new partition's first ``acks=all`` write waits until its followers have started
-    fetching it: 300-400 ms on the idle dev cluster, about a second under load
-    (bench/README.md). Without this, the first requests after an expansion's commit paid
-    it, on top of the barrier's hold. The records are aborted, so no consumer the
-    sidecar runs (all read committed) nor any other read-committed reader ever sees
-    them; a read-uncommitted reader sees an empty record with the ``ordered.warm``
-    header. They sit below the new partitions' first boundaries, where nothing is gated.
-
-    Best effort: a warm-up that fails or outlasts ``within_s`` is logged and the change
-    goes on (its first writes then wait as before). One transaction at a time, under a
-    transactional id of the coordinating sidecar's own that no lane uses.
-    """
-
-    def __init__(self, settings: KafkaSettings, transactional_id: str, within_s: float) -> None:
-        self.transactional_id = transactional_id
-        self.within_s = within_s
-        self._settings = settings
-        self._producer: Any = None
-        self._lock = asyncio.Lock()
-
-    async def warm(self, topic: str, partitions: Sequence[int]) -> bool:
-        """Write to and abort in each of ``partitions``; True if they all took the write
-        within ``within_s``. Never raises for Kafka's failures."""
-        if not partitions or self.within_s <= 0:
-            return False
-        began = asyncio.get_running_loop().time()
-        async with self._lock:
-            try:
-                async with asyncio.timeout(self.within_s):
-                    await self._write_and_abort(topic, partitions)
-            except (SidecarError, KafkaError, OSError, TimeoutError) as exc:
-                reason = exc.message if isinstance(exc, SidecarError) else repr(exc)
-                _log.info("warming partitions %s of %s: %s", list(partitions), topic, reason)
-                # Its transaction may still be open: the next warm-up starts a producer
-                # anew, whose initialisation aborts it.
-                await self._drop_producer()
-                return False
-        took = asyncio.get_running_loop().time() - began
-        _log.info("warmed partitions %s of %s in %.0f ms", list(partitions), topic, 1000 * took)
-        return True
-
-    async def _write_and_abort(self, topic: str, partitions: Sequence[int]) -> None:
-        if self._producer is None:
-            self._producer = await start_transactional_producer(
-                self._settings, self.transactional_id
-            )
-        producer = self._producer
-        await await_partition_count(
-            producer.client,
-            topic,
-            max(partitions) + 1,
-            self.within_s,
-            backoff_s=self._settings.retry_backoff_s,
-        )
-        await producer.begin_transaction()
-        deliveries = [
-            await producer.send(topic, value=b"", partition=partition, headers=[WARM_MARK])
-            for partition in partitions
-        ]
-        failure = next(
-            (
-                outcome
-                for outcome in await asyncio.gather(*deliveries, return_exceptions=True)
-                if isinstance(outcome, BaseException)
-            ),
-            None,
-        )
-        if failure is not None:
-            raise failure  # the producer is dropped, which aborts the transaction
-        await producer.abort_transaction()
-
-    async def stop(self) -> None:
-        async with self._lock:
-            await self._drop_producer()
-
-    async def _drop_producer(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            await _close(producer, self._settings.request_timeout_ms / 1000, self.transactional_id)
-
-
-async def _close(producer: Any, timeout_s: float, what: str) -> None:
+async def close_transactional_producer(producer: Any, timeout_s: float, what: str) -> None:
+    """Stop ``producer`` within ``timeout_s``; a failure is logged (``what`` names the
+    producer), not raised."""
     try:
         await asyncio.wait_for(producer.stop(), timeout_s)
     except (KafkaError, TimeoutError) as exc:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.adapters.kafka import KafkaGateway
-from sidecar.adapters.transactions import PartitionWarmer
+from sidecar.adapters.partition_warmer import PartitionWarmer
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter

@@ -27,7 +27,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.adapters.kafka import KafkaGateway, OffsetAndEpoch
-from sidecar.adapters.transactions import PartitionWarmer
+from sidecar.adapters.partition_warmer import PartitionWarmer
 from sidecar.adapters.zookeeper import LockHolder, MetadataStore
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.config import ChangeSettings
