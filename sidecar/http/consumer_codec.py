@@ -1,6 +1,8 @@
-"""Confluent REST Proxy v2 consumer requests and responses, as pure functions.
+"""Confluent REST Proxy v2 consumer requests, as pure functions.
 
-The records response, the hot path, is ``records_codec``; the rest is here.
+The requests of a consumer instance are decoded here, the creation request in
+``create_consumer_codec``. The response bodies are ``consumer_response_codec``'s, except
+the records response, the hot path, which is ``records_codec``'s.
 
 Routes under ``/consumers/{group}``, ``{instance}`` standing for
 ``/consumers/{group}/instances/{name}``:
@@ -32,19 +34,9 @@ send a cross-origin form or ``text/plain`` POST to localhost without a CORS pref
 and requiring a JSON type stops it from seeking or committing the application's consumer.
 Unknown fields are refused everywhere, so a misspelt field is an error, not a default.
 
-Where REST Proxy is lenient or silent, this codec chooses:
+Where REST Proxy is lenient or silent, this codec chooses (the creation request's
+choices are ``create_consumer_codec``'s):
 
-* ``format`` is matched without case (as the proxy does); avro, protobuf and jsonschema
-  need a schema registry this sidecar does not use and are refused as an invalid consumer
-  configuration (422 in REST Proxy), not as an unsupported media type: the request's
-  content type is fine, one of its values is not.
-* ``fetch.min.bytes`` and ``consumer.request.timeout.ms`` are a JSON integer or a decimal
-  string (Jackson coerces strings to Integer; it also truncates fractions, which is refused
-  here). ``fetch.min.bytes`` -1 is the proxy's "disabled" and decodes as None.
-  ``auto.commit.enable`` is ``"true"``/``"false"`` in any case (Kafka's boolean parsing)
-  or a JSON boolean; ``auto.offset.reset`` is matched without case, as Kafka does.
-* The deprecated aliases the proxy still reads (``id`` for ``name``, ``responseMinBytes``,
-  ``requestWaitMs``) are accepted; an alias and its field with different values are refused.
 * Topic and instance names follow ``sidecar.core.names`` (an instance name: 1-255
   URL-unreserved characters, not ``.`` or ``..``): a name that reads the same in every
   client, and that the sidecar can store.
@@ -64,106 +56,50 @@ Where REST Proxy is lenient or silent, this codec chooses:
   as JAX-RS ignores them (a client may add a cache-busting parameter).
 * ``Accept`` on ``records``, json records and record headers: see ``records_codec``.
 
-Extensions of this project:
+Extensions of this project (those of the creation request: ``create_consumer_codec``):
 
-* ``callback_url`` / ``callback_timeout_ms`` on create: the URL the sidecar POSTs key
-  hand-off events to and how long it waits for a 2xx (DESIGN §6). Callbacks are loopback
-  only: the URL must be http(s) to a loopback host (127.0.0.0/8, ::1 or ``localhost``),
-  the sidecar's own application; otherwise anyone who can reach the sidecar could make
-  it send requests into the network it runs in. No setting allows other hosts.
-  Credentials in the URL are refused (they would end up in logs).
 * Key hand-off events: ``{"type": "keys_revoked" | "keys_assigned", "topic", "partition",
   "generation", "event_id"}``. In a records response they sit among the records in
   delivery order (an event before the records it must precede) and are told apart by
   ``type``, which records never have; ``encode_key_events`` writes a list of them alone
   (e.g. a callback body). Event ids are integers; the app acknowledges with
   ``{"event_ids": [...]}``.
-* ``assignment_events: true`` on create (JSON boolean): rebalances are told too, as
-  ``{"type": "partitions_revoked" | "partitions_assigned", "partitions": [{"topic",
-  "partition"}, ...]}``, first in the next records response (or POSTed to the callback
-  URL). They have no ``event_id``: nothing waits for them to be acknowledged.
-* ``record_headers`` on create: which record headers a records response carries.
-  ``"app"`` (the default) keeps the application's own headers and leaves out the
-  sidecar's ``ordered.*`` ones; ``"all"`` writes every header, so a consumer can see the
-  generation and count a record was routed with; ``"none"`` writes no headers, which is
-  REST Proxy v2's own record shape. The default is the app's own headers because the
-  sidecar's are not what the app wrote: they are the sidecar's wire format between its
-  own processes (it changed once, from four headers to the stamp), and on small records
-  they are a good part of a response (the stamp's entry is some 75 bytes against a
-  100-byte value's 136 of base64), which an app reading them pays to parse. The audit is
-  not affected: it records a delivery from the record the sidecar read, not from the
-  response.
 """
 
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Final, Protocol, TypeAlias, TypedDict, TypeVar
-from urllib.parse import quote, urlsplit
+from typing import Final, Protocol, TypeAlias, TypeVar
 
 from sidecar.core import names
 from sidecar.core.errors import (
     BadRequest,
-    InvalidConsumerConfig,
     UnsupportedMediaType,
 )
-from sidecar.core.produce import EmbeddedFormat
 
 # Shared with the produce codec, so that both answer a malformed body in the same words.
 from sidecar.http.json_body import json_type, parse_json, refuse_unknown_fields
 from sidecar.http.produce_codec import (
     MAX_PARTITION,
 )
-from sidecar.http.records_codec import PartitionRef, RecordHeaders
+from sidecar.http.records_codec import PartitionRef
 
 MAX_OFFSET: Final = 2**63 - 1
 """Kafka offsets are int64."""
-MAX_INSTANCE_NAME_LENGTH: Final = names.MAX_INSTANCE_NAME_LENGTH
-MAX_FETCH_MIN_BYTES: Final = 10_000_000
-"""REST Proxy's own bound for ``fetch.min.bytes``."""
-MAX_REQUEST_TIMEOUT_MS: Final = 2**31 - 1
-"""``consumer.request.timeout.ms`` is a Java int in REST Proxy."""
-MAX_CALLBACK_TIMEOUT_MS: Final = 600_000
-MAX_CALLBACK_URL_LENGTH: Final = 2048
 MAX_TOPIC_PATTERN_LENGTH: Final = 1024
 MAX_EVENT_ID: Final = 2**63 - 1
 
-_CREATE_FIELDS: Final = frozenset(
-    {
-        "name",
-        "format",
-        "auto.offset.reset",
-        "auto.commit.enable",
-        "fetch.min.bytes",
-        "consumer.request.timeout.ms",
-        "callback_url",
-        "callback_timeout_ms",
-        "assignment_events",
-        "record_headers",
-    }
-)
-# Deprecated spellings REST Proxy v2 still reads (JsonAlias / the v1 "id").
-_CREATE_ALIASES: Final[Mapping[str, str]] = {
-    "id": "name",
-    "responseMinBytes": "fetch.min.bytes",
-    "requestWaitMs": "consumer.request.timeout.ms",
-}
-_CREATE_KNOWN_FIELDS: Final = _CREATE_FIELDS | frozenset(_CREATE_ALIASES)
 _SUBSCRIPTION_FIELDS: Final = frozenset({"topics", "topic_pattern"})
 _PARTITION_FIELDS: Final = frozenset({"topic", "partition"})
 _OFFSET_FIELDS: Final = frozenset({"topic", "partition", "offset", "metadata"})
 _TIMESTAMP_FIELDS: Final = frozenset({"topic", "partition", "timestamp", "metadata"})
 
-_VISIBLE_ASCII: Final = re.compile(r"[\x21-\x7e]+")
-_SIGNED_DECIMAL: Final = re.compile(r"-?[0-9]{1,19}")
+SIGNED_DECIMAL: Final = re.compile(r"-?[0-9]{1,19}")
 _MIN_INT64: Final = -(2**63)
 _MAX_INT64: Final = 2**63 - 1
-_BOOLEANS: Final[Mapping[str, bool]] = {"true": True, "false": False}
 _UTF8_CHARSETS: Final = frozenset({"utf-8", "utf8"})
 _REQUEST_MEDIA_TYPES: Final = frozenset(
     {
@@ -175,38 +111,10 @@ _REQUEST_MEDIA_TYPES: Final = frozenset(
         ),
     }
 )
-_SCHEMA_FORMATS: Final = frozenset({"avro", "protobuf", "jsonschema"})
 _EPOCH: Final = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _MILLISECOND: Final = datetime.timedelta(milliseconds=1)
-_IPV6_LOOPBACK: Final = ipaddress.IPv6Address("::1")
 
 _Item = TypeVar("_Item")
-
-
-class AutoOffsetReset(StrEnum):
-    """Where a consumer starts in a partition its group has no committed offset for."""
-
-    EARLIEST = "earliest"
-    LATEST = "latest"
-    NONE = "none"
-
-
-# The hand-off kinds are the core's; the wire names are their values.
-@dataclass(frozen=True, slots=True)
-class CreateConsumerRequest:
-    """A validated ``POST /consumers/{group}``; None means "the sidecar's default"."""
-
-    name: str | None
-    """None: the service generates one (it must match the instance name rule too)."""
-    format: EmbeddedFormat
-    auto_offset_reset: AutoOffsetReset | None
-    auto_commit: bool | None
-    fetch_min_bytes: int | None
-    request_timeout_ms: int | None
-    callback_url: str | None
-    callback_timeout_ms: int | None
-    assignment_events: bool = False
-    record_headers: RecordHeaders = RecordHeaders.APP
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,252 +183,6 @@ class RecordsQuery:
     max_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class CommittedOffset:
-    """A group's committed offset (the next to read), as Kafka stores it."""
-
-    topic: str
-    partition: int
-    offset: int
-    metadata: str
-
-
-class CreateConsumerResponseBody(TypedDict):
-    instance_id: str
-    base_uri: str
-
-
-class PartitionEntry(TypedDict):
-    topic: str
-    partition: int
-
-
-class SubscriptionResponseBody(TypedDict):
-    topics: list[str]
-
-
-class AssignmentsResponseBody(TypedDict):
-    partitions: list[PartitionEntry]
-
-
-class CommittedOffsetEntry(TypedDict):
-    topic: str
-    partition: int
-    offset: int
-    metadata: str
-
-
-class CommittedOffsetsResponseBody(TypedDict):
-    offsets: list[CommittedOffsetEntry]
-
-
-def decode_create_consumer(
-    body: bytes, *, content_type: str | None, allow_remote_callbacks: bool = False
-) -> CreateConsumerRequest:
-    """Validate ``POST /consumers/{group}``; no body creates a binary consumer.
-
-    Raises UnsupportedMediaType (content type) or BadRequest (not JSON, wrong shape, a
-    value out of range or not servable, a callback URL that is not loopback).
-    ``allow_remote_callbacks`` exists for tests of the URL's other rules on non-loopback
-    hosts; the sidecar never sets it (callbacks are loopback only).
-    """
-    document = _parse_optional_object(body, content_type) or {}
-    refuse_unknown_fields(document, _CREATE_KNOWN_FIELDS, "request", BadRequest)
-    fields = _resolve_aliases(document)
-    callback_url = _decode_callback_url(fields.get("callback_url"), allow_remote_callbacks)
-    callback_timeout_ms = _strict_int(
-        fields.get("callback_timeout_ms"), "callback_timeout_ms", 1, MAX_CALLBACK_TIMEOUT_MS
-    )
-    if callback_timeout_ms is not None and callback_url is None:
-        raise BadRequest("callback_timeout_ms is set without callback_url")
-    fetch_min_bytes = _config_int(
-        fields.get("fetch.min.bytes"), "fetch.min.bytes", -1, MAX_FETCH_MIN_BYTES
-    )
-    return CreateConsumerRequest(
-        name=_decode_instance_name(fields.get("name")),
-        format=_decode_format(fields.get("format")),
-        auto_offset_reset=_decode_offset_reset(fields.get("auto.offset.reset")),
-        auto_commit=_decode_auto_commit(fields.get("auto.commit.enable")),
-        fetch_min_bytes=None if fetch_min_bytes == -1 else fetch_min_bytes,
-        request_timeout_ms=_config_int(
-            fields.get("consumer.request.timeout.ms"),
-            "consumer.request.timeout.ms",
-            0,
-            MAX_REQUEST_TIMEOUT_MS,
-        ),
-        callback_url=callback_url,
-        callback_timeout_ms=callback_timeout_ms,
-        assignment_events=_strict_bool(fields.get("assignment_events"), "assignment_events"),
-        record_headers=_decode_record_headers(fields.get("record_headers")),
-    )
-
-
-def _strict_bool(raw: object, field: str) -> bool:
-    """An extension's boolean: JSON true or false only (None: absent, false)."""
-    if raw is None:
-        return False
-    if not isinstance(raw, bool):
-        raise BadRequest(f"{field} must be true or false, got {raw!r}")
-    return raw
-
-
-def _resolve_aliases(document: Mapping[str, object]) -> dict[str, object]:
-    fields = {name: value for name, value in document.items() if value is not None}
-    for alias, field in _CREATE_ALIASES.items():
-        if alias not in fields:
-            continue
-        value = fields.pop(alias)
-        if field in fields and fields[field] != value:
-            raise BadRequest(
-                f"{alias} {value!r} conflicts with {field} {fields[field]!r}; "
-                f"{alias} is a deprecated spelling of {field}, send only {field}"
-            )
-        fields[field] = value
-    return fields
-
-
-def _decode_instance_name(raw: object) -> str | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, str):
-        raise BadRequest(f"name must be a string, got {json_type(raw)}")
-    return names.instance_name(raw, "name")
-
-
-def _decode_format(raw: object) -> EmbeddedFormat:
-    if raw is None:
-        return EmbeddedFormat.BINARY
-    if not isinstance(raw, str):
-        raise BadRequest(f"format must be a string, got {json_type(raw)}")
-    name = raw.lower()
-    if name in _SCHEMA_FORMATS:
-        raise InvalidConsumerConfig(
-            f"format {raw!r} needs a schema registry, which this sidecar does not use; "
-            "use binary or json"
-        )
-    try:
-        return EmbeddedFormat(name)
-    except ValueError:
-        raise InvalidConsumerConfig(f"format must be binary or json, got {raw!r}") from None
-
-
-def _decode_record_headers(raw: object) -> RecordHeaders:
-    if raw is None:
-        return RecordHeaders.APP
-    if not isinstance(raw, str):
-        raise BadRequest(f"record_headers must be a string, got {json_type(raw)}")
-    try:
-        return RecordHeaders(raw.lower())
-    except ValueError:
-        raise InvalidConsumerConfig(
-            f"record_headers must be all, app or none, got {raw!r}"
-        ) from None
-
-
-def _decode_offset_reset(raw: object) -> AutoOffsetReset | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        try:
-            return AutoOffsetReset(raw.lower())
-        except ValueError:
-            pass
-    raise BadRequest(f"auto.offset.reset must be earliest, latest or none, got {raw!r}")
-
-
-def _decode_auto_commit(raw: object) -> bool | None:
-    if raw is None or isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.strip().lower() in _BOOLEANS:
-        return _BOOLEANS[raw.strip().lower()]
-    raise BadRequest(f'auto.commit.enable must be "true" or "false", got {raw!r}')
-
-
-def _config_int(raw: object, field: str, low: int, high: int) -> int | None:
-    if raw is None:
-        return None
-    # REST Proxy reads these as Integer, which Jackson also fills from a decimal string.
-    value = raw
-    if isinstance(raw, str) and _SIGNED_DECIMAL.fullmatch(raw.strip()) is not None:
-        value = int(raw.strip())
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise BadRequest(f"{field} must be an integer from {low} to {high}, got {raw!r}")
-    return value
-
-
-def _strict_int(raw: object, where: str, low: int, high: int) -> int | None:
-    return None if raw is None else _int_in_range(raw, where, low, high)
-
-
-def _int_in_range(raw: object, where: str, low: int, high: int) -> int:
-    # bool is an int in Python but true is not a number.
-    if not isinstance(raw, int) or isinstance(raw, bool) or not low <= raw <= high:
-        raise BadRequest(f"{where} must be an integer from {low} to {high}, got {raw!r}")
-    return raw
-
-
-def _decode_callback_url(raw: object, allow_remote: bool) -> str | None:
-    if raw is None:
-        return None
-    if (
-        not isinstance(raw, str)
-        or len(raw) > MAX_CALLBACK_URL_LENGTH
-        or _VISIBLE_ASCII.fullmatch(raw) is None
-    ):
-        raise BadRequest(
-            f"callback_url must be an http URL of at most {MAX_CALLBACK_URL_LENGTH} visible "
-            f"ASCII characters, got {raw!r}"
-        )
-    try:
-        parts = urlsplit(raw)
-        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
-    except ValueError as exc:
-        raise BadRequest(f"callback_url {raw!r} is not a valid URL: {exc}") from None
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise BadRequest(f"callback_url must be an absolute http or https URL, got {raw!r}")
-    if parts.username is not None or parts.password is not None:
-        raise BadRequest("callback_url must not carry credentials (user:password@)")
-    if not allow_remote and not _is_loopback(parts.hostname):
-        raise BadRequest(
-            f"callback_url host {parts.hostname!r} is not a loopback host (127.0.0.0/8, ::1 "
-            "or localhost); this sidecar calls back only its own application"
-        )
-    return raw
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":  # urlsplit has already lowered the case
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    # Spelled out: Python 3.13 also counts ::ffff:127.0.0.1 as loopback, 3.11 does not.
-    return address == _IPV6_LOOPBACK or (address.version == 4 and address.is_loopback)
-
-
-def consumer_instance_uri(base_url: str, group: str, instance_id: str) -> str:
-    """The instance's URL: ``{base_url}/consumers/{group}/instances/{instance_id}``.
-
-    ``base_url`` is the sidecar's address as the app reaches it (scheme, host, port and
-    any path prefix); group and instance are percent-encoded as path segments.
-    """
-    return (
-        f"{base_url.rstrip('/')}/consumers/{quote(group, safe='')}"
-        f"/instances/{quote(instance_id, safe='')}"
-    )
-
-
-def create_consumer_body(
-    instance_id: str, *, base_url: str, group: str
-) -> CreateConsumerResponseBody:
-    """The REST Proxy v2 answer to a created consumer instance."""
-    return {
-        "instance_id": instance_id,
-        "base_uri": consumer_instance_uri(base_url, group, instance_id),
-    }
-
-
 # Subscription and assignment -------------------------------------------------------------
 
 
@@ -562,22 +224,12 @@ def _decode_pattern(raw: object) -> str:
     return raw
 
 
-def subscription_body(topics: Sequence[str]) -> SubscriptionResponseBody:
-    """``GET subscription``: the subscribed topics (for a pattern, those it matches now)."""
-    return {"topics": list(topics)}
-
-
 def decode_assignments(body: bytes, *, content_type: str | None) -> tuple[PartitionRef, ...]:
     """Validate ``POST assignments`` ``{"partitions": [...]}``; an empty list assigns none.
 
     Raises UnsupportedMediaType or BadRequest (shape, topic, partition, a repeat).
     """
     return _partitions_document(body, content_type)
-
-
-def assignments_body(partitions: Sequence[PartitionRef]) -> AssignmentsResponseBody:
-    """``GET assignments``: the partitions assigned to the instance."""
-    return {"partitions": [_partition_entry(ref) for ref in partitions]}
 
 
 # Records ---------------------------------------------------------------------------------
@@ -616,7 +268,7 @@ def _query_int(query: Mapping[str, str], name: str) -> int | None:
         return None
     raw = values.pop()
     # int() alone would also take "+5", "1_000" and non-ASCII digits.
-    if _SIGNED_DECIMAL.fullmatch(raw) is None or not _MIN_INT64 <= int(raw) <= _MAX_INT64:
+    if SIGNED_DECIMAL.fullmatch(raw) is None or not _MIN_INT64 <= int(raw) <= _MAX_INT64:
         unit = " (milliseconds)" if name == "timeout" else ""
         raise BadRequest(f"query parameter {name} must be a decimal integer{unit}, got {raw!r}")
     return int(raw)
@@ -630,7 +282,7 @@ def decode_commit_offsets(
     Raises UnsupportedMediaType or BadRequest (shape, topic, partition, offset, metadata,
     a partition named twice).
     """
-    document = _parse_optional_object(body, content_type)
+    document = parse_optional_object(body, content_type)
     if document is None:
         return None
     refuse_unknown_fields(document, frozenset({"offsets"}), "request", BadRequest)
@@ -665,21 +317,6 @@ def decode_committed_request(body: bytes, *, content_type: str | None) -> tuple[
     Raises UnsupportedMediaType or BadRequest (no body, shape, topic, partition, a repeat).
     """
     return _partitions_document(body, content_type)
-
-
-def committed_offsets_body(offsets: Sequence[CommittedOffset]) -> CommittedOffsetsResponseBody:
-    """``GET offsets``: committed offsets as Kafka stores them (leave uncommitted ones out)."""
-    return {
-        "offsets": [
-            {
-                "topic": committed.topic,
-                "partition": committed.partition,
-                "offset": committed.offset,
-                "metadata": committed.metadata,
-            }
-            for committed in offsets
-        ]
-    }
 
 
 def decode_seek(body: bytes, *, content_type: str | None) -> SeekRequest:
@@ -761,7 +398,7 @@ def decode_event_ack(body: bytes, *, content_type: str | None) -> tuple[int, ...
     refuse_unknown_fields(document, frozenset({"event_ids"}), "request", BadRequest)
     raw_ids = _list_field(document.get("event_ids"), "event_ids")
     event_ids = tuple(
-        _int_in_range(raw, f"event_ids[{i}]", 0, MAX_EVENT_ID) for i, raw in enumerate(raw_ids)
+        int_in_range(raw, f"event_ids[{i}]", 0, MAX_EVENT_ID) for i, raw in enumerate(raw_ids)
     )
     _refuse_repeats(event_ids, "event_ids", str)
     return event_ids
@@ -789,14 +426,17 @@ def _check_content_type(content_type: str | None, has_body: bool) -> None:
 
 
 def _parse_object(body: bytes, content_type: str | None) -> dict[str, object]:
-    document = _parse_optional_object(body, content_type)
+    document = parse_optional_object(body, content_type)
     if document is None:
         raise BadRequest("request body is missing; send a JSON object")
     return document
 
 
-def _parse_optional_object(body: bytes, content_type: str | None) -> dict[str, object] | None:
-    """The body's JSON object, or None for no body, an empty one or ``null``."""
+def parse_optional_object(body: bytes, content_type: str | None) -> dict[str, object] | None:
+    """The body's JSON object, or None for no body, an empty one or ``null``.
+
+    Raises UnsupportedMediaType (content type) or BadRequest (not JSON, not an object).
+    """
     has_body = bool(body.strip())
     _check_content_type(content_type, has_body=has_body)
     if not has_body:
@@ -826,10 +466,6 @@ def _decode_partition_ref(raw: object, where: str) -> PartitionRef:
         topic=_decode_topic(entry.get("topic"), f"{where}.topic"),
         partition=_required_int(entry, "partition", where, 0, MAX_PARTITION),
     )
-
-
-def _partition_entry(ref: PartitionRef) -> PartitionEntry:
-    return {"topic": ref.topic, "partition": ref.partition}
 
 
 def _object_entry(raw: object, where: str, known: frozenset[str]) -> dict[str, object]:
@@ -866,7 +502,15 @@ def _required_int(entry: Mapping[str, object], field: str, where: str, low: int,
     raw = entry.get(field)
     if raw is None:
         raise BadRequest(f"{where}.{field} is missing")
-    return _int_in_range(raw, f"{where}.{field}", low, high)
+    return int_in_range(raw, f"{where}.{field}", low, high)
+
+
+def int_in_range(raw: object, where: str, low: int, high: int) -> int:
+    """``raw`` if it is an integer from ``low`` to ``high``; raises BadRequest (``where``)."""
+    # bool is an int in Python but true is not a number.
+    if not isinstance(raw, int) or isinstance(raw, bool) or not low <= raw <= high:
+        raise BadRequest(f"{where} must be an integer from {low} to {high}, got {raw!r}")
+    return raw
 
 
 class _OnePartition(Protocol):

@@ -1,6 +1,7 @@
 """HTTP handlers of the consumer API (REST Proxy v2 plus hand-off events).
 
-Decoding and encoding live in ``consumer_codec``; the behaviour in
+Decoding lives in ``consumer_codec`` and ``create_consumer_codec``, encoding in
+``consumer_response_codec`` and ``records_codec``; the behaviour in
 ``sidecar.service.consumers``. Calls on one instance are serialized (its lock), as
 REST Proxy serializes them: a commit waits for a long poll of the same instance.
 """
@@ -14,23 +15,25 @@ from aiohttp import web
 from sidecar.core.consume import TopicPartition
 from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
-    CommittedOffset,
     SeekOffset,
     SubscribeTopics,
-    assignments_body,
-    committed_offsets_body,
-    create_consumer_body,
     decode_assignments,
     decode_commit_offsets,
     decode_committed_request,
-    decode_create_consumer,
     decode_event_ack,
     decode_records_query,
     decode_seek,
     decode_seek_partitions,
     decode_subscription,
+)
+from sidecar.http.consumer_response_codec import (
+    CommittedOffset,
+    assignments_body,
+    committed_offsets_body,
+    create_consumer_body,
     subscription_body,
 )
+from sidecar.http.create_consumer_codec import decode_create_consumer
 from sidecar.http.error_map import client_went_away
 from sidecar.http.produce_codec import V2_RESPONSE_CONTENT_TYPE
 from sidecar.http.records_codec import (

@@ -5,7 +5,7 @@ events and rebalance notices that come with the records (``encode_records_respon
 
 This is the hot path of the consume side: a response is written as JSON text straight
 from the records, without building a document first. The request side of the consumer
-routes is ``consumer_codec``.
+routes is ``consumer_codec`` and ``create_consumer_codec``.
 
 * ``Accept``: the instance's own type, ``application/vnd.kafka.v2+json``,
   ``application/json`` and wildcards are answered in the instance's format (REST Proxy
@@ -19,7 +19,7 @@ routes is ``consumer_codec``.
   consumer. Valid JSON is embedded byte for byte, so numbers keep their exact text.
 * Record headers (base64 values, as in produce) are written only when a record has some,
   so a record without headers has exactly the REST Proxy v2 shape; which ones, the
-  instance's ``record_headers`` says (``consumer_codec``).
+  instance's ``record_headers`` says (``create_consumer_codec``).
 * Rebalance notices, key hand-off events and records are written in the order given;
   the consumer routes give notices first, then events, then records (an event told
   with a partition's last records reaches the app before them). Events and notices are

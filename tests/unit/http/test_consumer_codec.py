@@ -1,4 +1,5 @@
-"""REST Proxy v2 consumer codec: every decoder's shapes and errors, the response encoders."""
+"""REST Proxy v2 consumer codecs (``consumer_codec``, ``create_consumer_codec``,
+``consumer_response_codec``): every decoder's shapes and errors, the response encoders."""
 
 from __future__ import annotations
 
@@ -15,16 +16,12 @@ from hypothesis import strategies as st
 from multidict import MultiDict
 
 from sidecar.core.errors import BadRequest, InvalidRecord, NotAcceptable, UnsupportedMediaType
+from sidecar.core.names import MAX_INSTANCE_NAME_LENGTH
 from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
-    MAX_CALLBACK_TIMEOUT_MS,
     MAX_EVENT_ID,
-    MAX_INSTANCE_NAME_LENGTH,
     MAX_OFFSET,
     MAX_TOPIC_PATTERN_LENGTH,
-    AutoOffsetReset,
-    CommittedOffset,
-    CreateConsumerRequest,
     OffsetToCommit,
     RecordsQuery,
     SeekOffset,
@@ -32,20 +29,28 @@ from sidecar.http.consumer_codec import (
     SeekTimestamp,
     SubscribePattern,
     SubscribeTopics,
-    assignments_body,
-    committed_offsets_body,
-    consumer_instance_uri,
-    create_consumer_body,
     decode_assignments,
     decode_commit_offsets,
     decode_committed_request,
-    decode_create_consumer,
     decode_event_ack,
     decode_records_query,
     decode_seek,
     decode_seek_partitions,
     decode_subscription,
+)
+from sidecar.http.consumer_response_codec import (
+    CommittedOffset,
+    assignments_body,
+    committed_offsets_body,
+    consumer_instance_uri,
+    create_consumer_body,
     subscription_body,
+)
+from sidecar.http.create_consumer_codec import (
+    MAX_CALLBACK_TIMEOUT_MS,
+    AutoOffsetReset,
+    CreateConsumerRequest,
+    decode_create_consumer,
 )
 from sidecar.http.produce_codec import MAX_PARTITION
 from sidecar.http.records_codec import (
