@@ -49,7 +49,7 @@ def _admin_controller(server: SidecarServer) -> int:
     """The broker the sidecar's admin client sends CreatePartitions to. A KRaft broker
     names a random live broker as "controller" in metadata, and aiokafka keeps sending a
     controller request to the node it picked first until the request timeout."""
-    admin = server.kafka._require().admin
+    admin = server.kafka._connection.require().admin
     return int(admin._client.cluster.controller.nodeId)
 
 

@@ -17,7 +17,6 @@ import pytest
 from aiokafka.errors import NodeNotReadyError
 from aiokafka.producer import sender as aiokafka_sender
 
-from sidecar.adapters import kafka as kafka_adapter
 from sidecar.adapters.kafka import (
     KafkaGateway,
     OffsetAndEpoch,
@@ -25,6 +24,7 @@ from sidecar.adapters.kafka import (
     refused_identity,
     set_transaction_poll,
 )
+from sidecar.adapters.kafka import errors as kafka_errors
 from sidecar.config import KafkaSecuritySettings, KafkaSettings
 from sidecar.core.errors import KafkaAuthenticationFailed, KafkaFailure, KafkaUnavailable
 
@@ -60,7 +60,7 @@ def _gateway_whose_metadata_answers(answers: list[int | None]) -> tuple[KafkaGat
         asked.append(time.monotonic())
         return answers.pop(0) if len(answers) > 1 else answers[0]
 
-    gateway._partition_count_or_none = partition_count_or_none  # type: ignore[method-assign]
+    gateway._admin._partition_count_or_none = partition_count_or_none  # type: ignore[method-assign]
     return gateway, asked
 
 
@@ -110,7 +110,9 @@ class _RecordedBroker:
 
 def _gateway_over(broker: _RecordedBroker) -> KafkaGateway:
     gateway = KafkaGateway(KafkaSettings(request_timeout_ms=2000, retry_backoff_s=0.01))
-    gateway._clients = _Clients(producer=SimpleNamespace(client=broker), admin=None, consumer=None)
+    gateway._connection.clients = _Clients(
+        producer=SimpleNamespace(client=broker), admin=None, consumer=None
+    )
     return gateway
 
 
@@ -176,7 +178,7 @@ def _gateway_that_cannot_reach_a_node(
     async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
         return diagnosis
 
-    monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
+    monkeypatch.setattr(kafka_errors, "diagnose", diagnose)
     secured = KafkaSecuritySettings(protocol="SASL_SSL")
     return KafkaGateway(
         KafkaSettings(request_timeout_ms=200, retry_backoff_s=0.01, security=secured)
@@ -196,7 +198,7 @@ async def test_a_read_that_cannot_connect_because_credentials_are_refused_says_s
     )
     gateway = _gateway_that_cannot_reach_a_node(monkeypatch, refused)
     with pytest.raises(KafkaAuthenticationFailed) as caught:
-        await gateway._retrying(_no_connection, "reading metadata of orders")
+        await gateway._admin._retrying(_no_connection, "reading metadata of orders")
     assert caught.value.error_code == 50370
     assert caught.value.message.startswith("reading metadata of orders: kafka.security.sasl_")
 
@@ -206,7 +208,7 @@ async def test_a_read_that_cannot_connect_to_a_cluster_away_is_unavailable(
 ) -> None:
     gateway = _gateway_that_cannot_reach_a_node(monkeypatch, None)
     with pytest.raises(KafkaUnavailable):
-        await gateway._retrying(_no_connection, "reading metadata of orders")
+        await gateway._admin._retrying(_no_connection, "reading metadata of orders")
 
 
 async def test_a_diagnosis_that_takes_too_long_tells_nothing(
@@ -216,7 +218,7 @@ async def test_a_diagnosis_that_takes_too_long_tells_nothing(
         await asyncio.sleep(10)
         return KafkaAuthenticationFailed("too late")
 
-    monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
+    monkeypatch.setattr(kafka_errors, "diagnose", diagnose)
     began = time.monotonic()
     secured = KafkaSecuritySettings(protocol="SASL_SSL")
     assert await refused_identity(KafkaSettings(request_timeout_ms=200, security=secured)) is None
@@ -232,7 +234,7 @@ async def test_a_plaintext_connection_has_no_identity_to_diagnose(
         asked.append(settings)
         return KafkaAuthenticationFailed("never for PLAINTEXT")
 
-    monkeypatch.setattr(kafka_adapter, "diagnose", diagnose)
+    monkeypatch.setattr(kafka_errors, "diagnose", diagnose)
     assert await refused_identity(KafkaSettings()) is None
     assert asked == []
     secured = KafkaSettings(security=KafkaSecuritySettings(protocol="SSL"))

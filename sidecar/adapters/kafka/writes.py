@@ -1,0 +1,332 @@
+"""The Kafka gateway's write side: ``KafkaWrites``, the sends of the idempotent producer
+(unmanaged topics, the audit topic) and the fencing of a transactional id; and what the
+transactional writer (``sidecar.adapters.transactions``) builds on: queueing a record
+and reading its outcome, starting a transactional producer, how often a busy
+transaction coordinator is asked again, and the wait for a producer's metadata to show
+new partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import BrokerResponseError, KafkaError
+from aiokafka.producer import sender as aiokafka_sender
+
+from sidecar.adapters.kafka.admin import KafkaAdmin
+from sidecar.adapters.kafka.clients import ConnectionState, _Clients, _close_all, client_settings
+from sidecar.adapters.kafka.errors import _NOT_AUTHORIZED, FENCED_ERRORS, SendFailed
+from sidecar.adapters.kafka_security import diagnose
+from sidecar.config import KafkaSettings
+from sidecar.core.errors import (
+    KafkaNotAuthorized,
+    KafkaUnavailable,
+    ProducerFenced,
+    SidecarError,
+    UnknownPartition,
+)
+
+# One logger for the whole gateway: every module of the package logs as
+# ``sidecar.adapters.kafka``.
+_log = logging.getLogger(__package__)
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class SentRecord:
+    """Where a record landed. Its position names it; the timestamp is what Kafka stamped."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int | None = field(default=None, compare=False)
+    """CreateTime or LogAppendTime, as the producer reports it (not part of equality)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingKafkaRecord:
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    """None is a tombstone."""
+    headers: Sequence[Header]
+    timestamp_ms: int | None = None
+    """None: the producer stamps the record when it is queued."""
+
+
+class KafkaWrites:
+    """The gateway's sends, through its idempotent producer, and the fencing of a
+    transactional id. A topic not in the producer's metadata yet is asked of ``admin``
+    first, whose metadata requests never create it."""
+
+    def __init__(
+        self, settings: KafkaSettings, connection: ConnectionState, admin: KafkaAdmin
+    ) -> None:
+        self._settings = settings
+        self._timeout_s = settings.request_timeout_ms / 1000
+        self._connection = connection
+        self._admin = admin
+
+    def _require(self) -> _Clients:
+        return self._connection.require()
+
+    async def send(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header],
+    ) -> SentRecord:
+        """Append one record to ``partition`` (``value`` None: a tombstone).
+
+        Raises UnknownTopic, UnknownPartition (not in metadata within the request
+        timeout), SendFailed.
+        """
+        await self._await_partition(topic, partition)
+        record = OutgoingKafkaRecord(partition, key, value, headers)
+        outcome = await self._delivered(await self._enqueue(topic, record))
+        if isinstance(outcome, SendFailed):
+            raise outcome
+        return outcome
+
+    async def send_batch(
+        self, topic: str, records: Sequence[OutgoingKafkaRecord]
+    ) -> list[SentRecord | SendFailed]:
+        """Send ``records`` in order and wait for all of them; one outcome per record.
+
+        Never raises for a record: a topic or partition missing from metadata fails
+        every record with ``maybe_appended`` False.
+        """
+        if not records:
+            return []
+        try:
+            await self._await_partition(topic, max(record.partition for record in records))
+        except SidecarError as exc:
+            refused = isinstance(exc, KafkaNotAuthorized)
+            return [
+                SendFailed(exc.message, maybe_appended=False, not_authorized=refused)
+                for _ in records
+            ]
+        # Enqueued one after the other, so the accumulator keeps the request's order.
+        deliveries = [await self._enqueue(topic, record) for record in records]
+        # One wait for the whole batch: a task and a timer per record cost more than
+        # the rest of the produce path at small record sizes (see bench/README.md).
+        pending = {d for d in deliveries if not isinstance(d, SendFailed)}
+        if pending:
+            await asyncio.wait(pending, timeout=self._timeout_s)
+        return [self._outcome(d) for d in deliveries]
+
+    # ``timeout`` bounds a polling loop over shared metadata; nothing to cancel.
+    async def wait_for_partition_count(
+        self,
+        topic: str,
+        count: int,
+        timeout: float,  # noqa: ASYNC109
+    ) -> None:
+        """Wait until the producer's metadata shows at least ``count`` partitions.
+
+        Raises KafkaUnavailable on timeout.
+        """
+        await await_partition_count(
+            self._require().producer.client,
+            topic,
+            count,
+            timeout,
+            backoff_s=self._settings.retry_backoff_s,
+        )
+
+    async def _await_partition(self, topic: str, partition: int) -> None:
+        client = self._require().producer.client
+        if client.cluster.partitions_for_topic(topic) is None:
+            # Asked here first: the producer's metadata request could auto-create it.
+            await self._admin.partition_count(topic)
+            client.add_topic(topic)
+        try:
+            await self.wait_for_partition_count(topic, partition + 1, self._timeout_s)
+        except KafkaUnavailable as exc:
+            raise UnknownPartition(f"partition {partition} of {topic} does not exist") from exc
+
+    async def _enqueue(
+        self, topic: str, record: OutgoingKafkaRecord
+    ) -> asyncio.Future[Any] | SendFailed:
+        return await enqueue(self._require().producer, topic, record)
+
+    async def _delivered(
+        self, delivery: asyncio.Future[Any] | SendFailed
+    ) -> SentRecord | SendFailed:
+        if isinstance(delivery, SendFailed):
+            return delivery
+        # asyncio.wait, not wait_for: cancelling the future would not stop the send.
+        await asyncio.wait({delivery}, timeout=self._timeout_s)
+        return self._outcome(delivery)
+
+    def _outcome(self, delivery: asyncio.Future[Any] | SendFailed) -> SentRecord | SendFailed:
+        """What became of a send, once it is done or its wait timed out."""
+        if isinstance(delivery, SendFailed):
+            return delivery
+        if not delivery.done():
+            delivery.add_done_callback(_discard_outcome)
+            return SendFailed(
+                f"no acknowledgement within {self._timeout_s:g} s", maybe_appended=True
+            )
+        exc = delivery.exception()
+        if exc is None:
+            return sent_record(delivery.result())
+        # What reaches the future (aiokafka 0.14 producer/sender.py,
+        # SendProduceReqHandler.handle_response and _can_retry): with idempotence a
+        # batch is retried while its error is `retriable`, so a BrokerResponseError
+        # with retriable=False (MessageSizeTooLarge, RecordListTooLarge,
+        # TopicAuthorizationFailed, InvalidRequiredAcks, UnknownError for codes
+        # aiokafka lacks, ...) is the broker refusing the batch. Anything else (a batch
+        # expired without a leader in message_accumulator.drain_by_nodes, a connection
+        # error) may follow an attempt that reached the broker.
+        refused = isinstance(exc, BrokerResponseError) and not exc.retriable
+        return SendFailed(
+            str(exc), maybe_appended=not refused, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
+        )
+
+    async def fence_producer(self, transactional_id: str) -> None:
+        """Fence whoever writes with ``transactional_id``: initialise it (which bumps its
+        epoch, and completes or aborts its open transaction before it answers), then
+        close again. Raises KafkaUnavailable."""
+        began = time.monotonic()
+        try:
+            producer = await start_transactional_producer(self._settings, transactional_id)
+        except ProducerFenced:
+            return  # initialised by someone after us: fenced all the same
+        try:
+            await asyncio.wait_for(producer.stop(), self._timeout_s)
+        except (KafkaError, TimeoutError) as exc:
+            _log.info("closing the fencing producer of %s: %s", transactional_id, exc)
+        _log.info("fenced %s in %.0f ms", transactional_id, 1000 * (time.monotonic() - began))
+
+
+async def enqueue(
+    producer: Any, topic: str, record: OutgoingKafkaRecord
+) -> asyncio.Future[Any] | SendFailed:
+    """Queue ``record`` on an aiokafka producer: its delivery future, or SendFailed when
+    it is refused before it is queued (it can never be appended then). Raises the fenced
+    errors (FENCED_ERRORS): after them the producer writes nothing more."""
+    if record.key is None and record.value is None:
+        return SendFailed("a tombstone needs a key", maybe_appended=False)
+    try:
+        return await producer.send(  # type: ignore[no-any-return]
+            topic,
+            value=record.value,
+            key=record.key,
+            partition=record.partition,
+            headers=list(record.headers),
+            timestamp_ms=record.timestamp_ms,
+        )
+    except FENCED_ERRORS:
+        raise
+    except KafkaError as exc:
+        # send() raises before the record is queued (too large for max_request_size,
+        # buffer full, producer closed, the topic's metadata refused by an ACL).
+        return SendFailed(
+            str(exc), maybe_appended=False, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
+        )
+
+
+def sent_record(metadata: Any) -> SentRecord:
+    """An aiokafka ``RecordMetadata`` as a SentRecord."""
+    timestamp = metadata.timestamp
+    return SentRecord(
+        int(metadata.partition),
+        int(metadata.offset),
+        None if timestamp is None or timestamp < 0 else int(timestamp),
+    )
+
+
+async def start_transactional_producer(settings: KafkaSettings, transactional_id: str) -> Any:
+    """A started producer for ``transactional_id``; starting it fences every earlier
+    producer of the id. Raises ProducerFenced (someone initialised it meanwhile, or it
+    is not authorised), KafkaUnavailable."""
+    set_transaction_poll(settings.transaction_poll_ms)
+    common, producer_extra = client_settings(settings)
+    producer = AIOKafkaProducer(
+        **common,
+        **producer_extra,
+        transactional_id=transactional_id,
+        transaction_timeout_ms=settings.transaction_timeout_ms,
+    )
+    timeout_s = settings.request_timeout_ms / 1000
+    try:
+        async with asyncio.timeout(timeout_s):
+            await producer.start()
+    except FENCED_ERRORS as exc:
+        await _close_all(producer)
+        raise ProducerFenced(f"transactional id {transactional_id}: {exc}") from exc
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await _close_all(producer)
+        refused = await diagnose(settings)
+        if refused is not None:
+            raise refused from exc
+        reason = str(exc) or f"no answer within {timeout_s:g} s"
+        message = f"initialising transactional id {transactional_id}: {reason}"
+        raise KafkaUnavailable(message) from exc
+    return producer
+
+
+def set_transaction_poll(poll_ms: float) -> None:
+    """Ask again every ``poll_ms`` to add a partition to a new transaction while the
+    coordinator still writes the previous one's markers (CONCURRENT_TRANSACTIONS).
+
+    aiokafka waits a fixed 20 ms there (``BACKOFF_OVERRIDE``, a module constant with no
+    setting; Java's client does the same, KAFKA-5477), and the markers take a few ms on a
+    healthy cluster: a one-record transaction took 47 ms at 20 ms, 16 ms at 5 ms and 9 ms
+    at 2 ms on the local cluster. Process-wide: every transactional producer of the
+    process polls at the last value set. ``tests/unit/adapters/test_kafka.py``
+    checks that aiokafka still reads the constant there."""
+    aiokafka_sender.BACKOFF_OVERRIDE = poll_ms / 1000
+
+
+# ``timeout`` bounds a polling loop over shared metadata; nothing to cancel.
+async def await_partition_count(
+    client: Any,
+    topic: str,
+    count: int,
+    timeout: float,  # noqa: ASYNC109
+    *,
+    backoff_s: float,
+) -> None:
+    """Wait until an aiokafka client's metadata shows at least ``count`` partitions of
+    ``topic`` (a client knows of a new partition only at its next metadata refresh).
+
+    Raises KafkaUnavailable on timeout.
+    """
+    client.add_topic(topic)
+    deadline = time.monotonic() + timeout
+
+    def shown() -> bool:
+        return len(client.cluster.partitions_for_topic(topic) or ()) >= count
+
+    while not shown():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise KafkaUnavailable(f"the metadata does not show {count} partitions of {topic}")
+        await _refresh(client, remaining)
+        if not shown():
+            # Kafka's metadata lags the controller for a moment after a change.
+            await asyncio.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
+
+
+async def _refresh(client: Any, within: float) -> None:
+    # force_metadata_update returns a shielded future: giving up does not cancel the
+    # update, which other waiters may share.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(client.force_metadata_update(), within)
+
+
+def _discard_outcome(delivery: asyncio.Future[Any]) -> None:
+    # Nobody awaits a delivery we gave up on; retrieve its exception so asyncio does
+    # not log "exception was never retrieved".
+    if not delivery.cancelled():
+        delivery.exception()
