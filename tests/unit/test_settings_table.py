@@ -16,7 +16,7 @@ from sidecar.config import _SECTIONS, ENV_PREFIX, Secret, Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN = (
-    "<!-- settings table: generated from sidecar/config.py by tests/unit/test_settings_table.py -->"
+    "<!-- settings table: generated from sidecar/config/ by tests/unit/test_settings_table.py -->"
 )
 END = "<!-- end of settings table -->"
 
