@@ -34,8 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name is None or name.split(".")[0] != exc.name.split(".")[0]:
-                raise  # the package is there but something it needs is not
+            if exc.name != name.split(".")[0]:
+                # The package is there but something it needs is not, or one of its own
+                # modules (a rename it was not installed with): a broken installation,
+                # not a command to leave out without a word.
+                raise
             continue
         module.add_parser(subparsers)
     return parser

@@ -111,15 +111,17 @@ def test_an_installed_package_missing_a_dependency_is_an_error_not_a_skip(
     assert raised.value.name == f"{probe_package}_missing_dependency"
 
 
-def test_a_missing_module_of_the_optional_package_itself_is_skipped(
+def test_a_missing_module_of_an_installed_optional_package_is_an_error(
     monkeypatch: pytest.MonkeyPatch, probe_package: str
 ) -> None:
-    # Only the top-level package is compared: a command module the installed copy of
-    # the package does not have counts as not installed.
+    # Only a package that is not installed at all is left out: a command module the
+    # installed copy does not have is a broken installation, said at once.
     monkeypatch.setattr(
         cli, "_OPTIONAL_COMMANDS", (f"{probe_package}.renamed_away", f"{probe_package}.command")
     )
-    assert commands_of(cli.build_parser()) == RUNTIME_COMMANDS | {"probe"}
+    with pytest.raises(ModuleNotFoundError) as raised:
+        cli.build_parser()
+    assert raised.value.name == f"{probe_package}.renamed_away"
 
 
 # Dispatch -----------------------------------------------------------------------------------
