@@ -8,7 +8,7 @@ Run from the repository root::
 Pure core code, no cluster. Every change of a topic gives every sidecar a new
 ``GenerationLog``, and what the consume path derives from it (``waits_into`` for the
 generations its partitions are reading, ``revocation_points`` of every partition) is
-computed again for that log on the sidecar's event loop. For logs of 50 to 800 changes
+computed again for that log on the sidecar's event loop. For logs of 10 to 10,000 changes
 (counts drawn in [2, 12], as in the chaos runs), measured on a fresh log each time:
 
 * **waits**: ``waits_into`` of every partition at its 20 newest generations;
@@ -36,7 +36,7 @@ from sidecar.core.generations import Boundary, ChangeKind, GenerationLog
 from sidecar.core.handoff import revocation_points
 from sidecar.core.routing import expansion_blocker, shrink_blockers
 
-LENGTHS = (50, 100, 200, 400, 800)
+LENGTHS = (10, 50, 100, 200, 400, 1_000, 10_000)
 BASELINE_UP_TO = 400
 NEWEST = 20
 """Generations per partition asked, the newest ones: a consumer behind by a few changes
