@@ -367,6 +367,8 @@ class Release:
                 # before a rebalance): read the group's acknowledgements first, once per
                 # release, and never tell it while ZooKeeper cannot say (this raises).
                 await check.progress()
+            if check.tp in self._revoking:
+                return False  # a rebalance takes the partition: its next owner tells it
             pending = await self.teller.revocation_pending(check.tp.topic, revocation)
             if pending is not None:
                 if pending not in events:
@@ -399,6 +401,12 @@ class Release:
         for revocation in revocations_due(
             log, tp.partition, state.delivered, acknowledged(tp.topic)
         ):
+            if tp in self._revoking:
+                # A rebalance began while the group's acknowledgements were read: it
+                # waits only for what was told before it (``record_before_revoke``), so
+                # an event told now would go out as the partition's next owner tells
+                # its own app.
+                return
             try:
                 # Nothing of this instance waits for it: one try per poll, not a stall.
                 pending = await self.teller.revocation_pending(tp.topic, revocation, patient=False)

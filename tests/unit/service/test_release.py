@@ -102,3 +102,48 @@ async def test_nothing_is_told_while_the_group_cannot_be_read() -> None:
     check.zookeeper_away = False
     assert not await release._revoked_before(check, 25, events)
     assert [e.kind.value for e in events] == ["keys_revoked"]
+
+
+class _RevokedDuringRead(_Check):
+    """The group's progress is read while a rebalance begins to take the partition."""
+
+    def __init__(self, release: Release, revocation: Revocation) -> None:
+        super().__init__(release.teller, revocation, group_acknowledged=False)
+        self._release = release
+
+    async def progress(self) -> None:
+        await super().progress()
+        self._release.hold({self.tp})
+
+
+async def test_a_partition_a_rebalance_takes_during_the_read_is_not_told_before_delivery() -> None:
+    # The rebalance waits only for what was told before it began; an event told now
+    # would reach the app as the partition's next owner tells its own.
+    release = _events_release()
+    revocation = Revocation(partition=1, generation=4, boundary=20)
+    check: Any = _RevokedDuringRead(release, revocation)
+    events: list[Any] = []
+    assert not await release._revoked_before(check, 25, events)
+    assert events == []
+    assert release.teller.told_revocations() == []
+
+
+async def test_a_partition_a_rebalance_takes_during_the_read_is_not_told_when_due() -> None:
+    # The caught-up case: everything before the boundary delivered, nothing after.
+    release = _events_release()
+    revocation = Revocation(partition=0, generation=1, boundary=5)
+    check: Any = _RevokedDuringRead(release, revocation)
+    check.runtime = SimpleNamespace(state=SimpleNamespace(log=fakes.expanded_log(5)))
+    check.tp = TopicPartition("t", 0)
+    state: Any = SimpleNamespace(delivered=5)
+    events: list[Any] = []
+    await release._tell_due_revocations(check, state, events)
+    assert check.reads == 1
+    assert events == []
+    assert release.teller.told_revocations() == []
+    # Without the rebalance, the same read tells it.
+    release.unhold({check.tp})
+    told: Any = _Check(release.teller, revocation, group_acknowledged=False)
+    told.runtime, told.tp = check.runtime, check.tp
+    await release._tell_due_revocations(told, state, events)
+    assert [(e.kind.value, e.partition, e.generation) for e in events] == [("keys_revoked", 0, 1)]
