@@ -270,11 +270,20 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Iterator[Script]:
         return FakeServer(settings, scripted)
 
     monkeypatch.setattr(serve, "SidecarServer", build)
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     yield scripted
-    # serve's handlers belong to its loop, which asyncio.run closed: the test process's
-    # own handlers are back.
-    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    # serve's handlers belong to its loop, which asyncio.run closed: asyncio puts back
+    # the default handlers (SIGINT's is Python's own), not serve's. Whatever another
+    # test had installed before is restored for the tests after this one.
+    try:
+        assert signal.getsignal(signal.SIGTERM) in (before[signal.SIGTERM], signal.SIG_DFL)
+        assert signal.getsignal(signal.SIGINT) in (
+            before[signal.SIGINT],
+            signal.default_int_handler,
+        )
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def run(settings: Settings) -> None:
