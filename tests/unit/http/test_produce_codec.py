@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
@@ -533,3 +533,90 @@ def test_any_json_document_decodes_or_is_refused_as_a_client_error(
 def test_any_body_bytes_decode_or_are_refused_as_sidecar_errors(body: bytes) -> None:
     with contextlib.suppress(BadRequest, InvalidRecord, PayloadTooLarge):
         decode_raw(body, max_body_bytes=128)
+
+
+# The binary fast path and the text-written response against their definitions ----------
+
+_BASE64_ALIKE = st.one_of(
+    st.binary(max_size=12).map(lambda data: base64.b64encode(data).decode()),
+    # Near misses: padding dropped or doubled, a character of another alphabet, spaces,
+    # non-ASCII text, trailing garbage after the padding.
+    st.binary(min_size=1, max_size=12).map(lambda data: base64.b64encode(data).decode()[:-1]),
+    st.binary(max_size=12).map(lambda data: base64.b64encode(data).decode() + "="),
+    st.binary(max_size=12).map(lambda data: base64.urlsafe_b64encode(data).decode()),
+    st.binary(max_size=12).map(lambda data: " " + base64.b64encode(data).decode()),
+    st.binary(max_size=12).map(lambda data: base64.b64encode(data).decode() + "=QQ=="),
+    st.text(max_size=8),
+)
+_JSON_VALUES = st.one_of(
+    st.none(), _BASE64_ALIKE, st.integers(), st.booleans(), st.lists(st.integers(), max_size=2)
+)
+_RAW_RECORDS = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["key", "value", "partition", "headers", "keys", "timestamp"]),
+        st.one_of(
+            _JSON_VALUES,
+            st.integers(-2, 2**31),
+            st.lists(st.fixed_dictionaries({"name": st.just("h"), "value": _BASE64_ALIKE})),
+        ),
+        max_size=5,
+    ),
+    _JSON_VALUES,
+)
+
+
+def _decoded_or_refusal(decode: object, raw: object) -> object:
+    try:
+        return decode(7, raw, EmbeddedFormat.BINARY)  # type: ignore[operator]
+    except InvalidRecord as exc:
+        return ("refused", exc.message)
+
+
+_PLAIN_RECORDS = st.fixed_dictionaries(
+    {"value": st.none() | _BASE64_ALIKE},
+    optional={"key": st.none() | _BASE64_ALIKE, "partition": st.none() | st.integers(-1, 2**31)},
+)
+
+
+@settings(max_examples=300)
+@given(_PLAIN_RECORDS | _RAW_RECORDS)
+def test_binary_fast_path_decodes_and_refuses_as_the_checked_path(raw: object) -> None:
+    # The fast path skips the per-field checks' messages; it must accept, decode and
+    # refuse exactly what the checked path does, with the same message.
+    from sidecar.http import produce_codec
+
+    assert _decoded_or_refusal(produce_codec._decode_binary_record, raw) == _decoded_or_refusal(
+        produce_codec._decode_record, raw
+    )
+
+
+_RESULTS = st.lists(
+    st.one_of(
+        st.builds(
+            RecordWritten,
+            st.integers(0, MAX_PARTITION),
+            st.integers(0, 2**63 - 1),
+            st.none() | st.integers(0, 2**45),
+        ),
+        st.builds(RecordFailed, st.integers(40000, 50399), st.text()),
+    ),
+    max_size=6,
+)
+
+
+@given(_RESULTS, st.none() | st.integers(0, MAX_GENERATION), st.none() | st.integers(1, 99))
+def test_produce_response_text_is_the_compact_json_of_its_body(
+    results: list[ProduceResult], generation: int | None, count: int | None
+) -> None:
+    body = produce_response_body(results, generation=generation, partition_count=count)
+    try:
+        expected: bytes | str = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate in a message fails both alike
+        expected = "UnicodeEncodeError"
+    try:
+        encoded: bytes | str = encode_produce_response(
+            results, generation=generation, partition_count=count
+        )
+    except UnicodeEncodeError:
+        encoded = "UnicodeEncodeError"
+    assert encoded == expected
