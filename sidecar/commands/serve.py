@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sidecar.commands.logs import configure_logging
 from sidecar.compose import SidecarServer
 from sidecar.config import ConfigError, ProcessSettings, Settings, load_settings
 from sidecar.core.errors import SidecarError
+
+_log = logging.getLogger(__name__)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,7 +38,9 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log)
     tune_process(settings.process)
     try:
-        asyncio.run(serve(settings))
+        loop_factory = event_loop_factory(settings.process.event_loop)
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(settings))
     except ConfigError as exc:  # a port, or a certificate or key the clients cannot use
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
@@ -55,12 +61,30 @@ def tune_process(process: ProcessSettings) -> None:
     gc.set_threshold(process.gc_young_threshold, middle, oldest)
 
 
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop factory for ``process.event_loop`` (None: asyncio's own loop). Raises
+    ConfigError when uvloop is asked for by name and is not installed."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "process.event_loop is uvloop, but uvloop is not installed; "
+                "install it or use auto or asyncio"
+            ) from None
+        return None
+    return uvloop.new_event_loop
+
+
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully; print one line on stdout
     once ready (its last word is the data plane's URL). Raises the error that made the
     dependencies' start give up (the cluster refused this sidecar's identity)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    _log.info("event loop: %s.%s", type(loop).__module__, type(loop).__name__)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = SidecarServer(settings)

@@ -126,6 +126,7 @@ def _validate_consumer(values: ConsumerSettings) -> None:
 
 
 MIN_GC_YOUNG_THRESHOLD = 100
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 
 # aiokafka settings that ``kafka.security`` owns: refused in ``kafka.client``, so that no
 # client is built with half of them (the group consumers once were).
@@ -295,6 +296,11 @@ def _validate(section: str, values: Any) -> None:
         raise ConfigError(
             f"process.gc_young_threshold must be at least {MIN_GC_YOUNG_THRESHOLD}, "
             f"got {values.gc_young_threshold}"
+        )
+    if section == "process" and values.event_loop not in EVENT_LOOPS:
+        raise ConfigError(
+            f"process.event_loop must be one of {', '.join(EVENT_LOOPS)}; "
+            f"got {values.event_loop!r}"
         )
     if section == "http" and not 0 <= values.port <= 65535:
         raise ConfigError(f"http.port must be between 0 and 65535, got {values.port}")

@@ -162,6 +162,7 @@ def test_the_default_timing_keeps_the_zombie_argument() -> None:
         ({"ORDERED_SIDECAR__KAFKA__TRANSACTION_LANES": "0"}, "kafka.transaction_lanes"),
         ({"ORDERED_SIDECAR__KAFKA__TRANSACTION_LANES": "9"}, "kafka.transaction_lanes"),
         ({"ORDERED_SIDECAR__PROCESS__GC_YOUNG_THRESHOLD": "0"}, "process.gc_young_threshold"),
+        ({"ORDERED_SIDECAR__PROCESS__EVENT_LOOP": "trio"}, "process.event_loop"),
     ],
 )
 def test_related_and_out_of_range_tunables_are_refused(environ: dict[str, str], named: str) -> None:

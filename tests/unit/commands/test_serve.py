@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,3 +337,58 @@ def test_a_port_that_cannot_be_bound_is_raised_from_start(
     assert script.events[0] == "start"
     assert "ready" not in script.events
     assert capsys.readouterr().out == ""
+
+
+# The event loop (process.event_loop) ------------------------------------------------------
+
+
+def test_asyncio_is_asyncios_own_loop() -> None:
+    assert serve.event_loop_factory("asyncio") is None
+
+
+@pytest.mark.parametrize("choice", ["auto", "uvloop"])
+def test_auto_and_uvloop_run_on_uvloop_where_it_is_installed(choice: str) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    factory = serve.event_loop_factory(choice)
+    assert factory is uvloop.new_event_loop
+    loop = factory()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_by_name_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    assert serve.event_loop_factory("auto") is None
+    with pytest.raises(ConfigError, match=r"process\.event_loop is uvloop, but uvloop is not"):
+        serve.event_loop_factory("uvloop")
+
+
+def test_uvloop_asked_for_and_missing_exits_2_with_one_line(
+    calls: Calls, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    monkeypatch.setenv("ORDERED_SIDECAR__PROCESS__EVENT_LOOP", "uvloop")
+    assert serve.run_serve(parse(["serve"])) == 2
+    assert calls.served == []
+    assert capsys.readouterr().err.startswith("sidecar: process.event_loop is uvloop")
+
+
+def test_serve_runs_on_the_loop_the_setting_names(
+    calls: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    loops: list[object] = []
+
+    async def fake_serve(settings: Settings) -> None:
+        loops.append(asyncio.get_running_loop())
+
+    monkeypatch.setattr(serve, "serve", fake_serve)
+    for choice, expected in (("uvloop", uvloop.Loop), ("asyncio", asyncio.BaseEventLoop)):
+        monkeypatch.setenv("ORDERED_SIDECAR__PROCESS__EVENT_LOOP", choice)
+        assert serve.run_serve(parse(["serve"])) == 0
+        assert isinstance(loops[-1], expected)
+    assert not isinstance(loops[-1], uvloop.Loop)
