@@ -9,11 +9,13 @@ One ``sidecar serve`` process per value (the setting passed as its environment
 variable), each with a managed topic and a plain (unmanaged) topic of 6 partitions,
 replication factor 3. Every round measures each sidecar in turn, the order reversed
 every other round so that a drift in the machine's load hits all alike: managed
-throughput with 4 connections of 100-record requests for 5 s, the same against the
-plain topic (the HTTP edge and the pass-through, no transaction), then single-record
-latency with keys spread over the partitions and with one key, 300 requests each, one
-at a time. The baseline is the first value, measured in the same run; each ratio is
-taken within a round, and the table gives their median and range.
+throughput with 4 connections (``--connections``) of 100-record requests for 5 s, the
+same against the plain topic (the HTTP edge and the pass-through, no transaction), then
+single-record latency with keys spread over the partitions and with one key, 300
+requests each, one at a time. A ``kafka.client.<option>`` setting reaches aiokafka's
+producers (``--setting kafka.client.max_batch_size``). The baseline is the first value,
+measured in the same run; each ratio is taken within a round, and the table gives their
+median and range.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def environment_variable(setting: str) -> str:
 
 
 async def run(
-    setting: str, values: Sequence[str], rounds: int, log: IO[bytes]
+    setting: str, values: Sequence[str], rounds: int, connections: int, log: IO[bytes]
 ) -> tuple[list[Arm], str]:
     workload = make_workload(VALUE_BYTES, BATCH)
     arms = [Arm(value) for value in values]
@@ -89,7 +91,7 @@ async def run(
                     os.environ[variable] = value
                     root = f"/bench-ab-{uuid.uuid4().hex[:8]}"
                     sidecar = await stack.enter_async_context(
-                        sidecar_process(cluster, root, log, CONNECTIONS)
+                        sidecar_process(cluster, root, log, connections)
                     )
                     suffix = uuid.uuid4().hex[:8]
                     managed, plain = f"bench-ab-{suffix}", f"bench-ab-plain-{suffix}"
@@ -99,8 +101,8 @@ async def run(
                     sidecars.append((sidecar, managed, plain))
                 os.environ.pop(variable)
                 for sidecar, managed, plain in sidecars:
-                    await sidecar_throughput(sidecar, managed, workload, WARMUP_S, CONNECTIONS)
-                    await sidecar_throughput(sidecar, plain, workload, WARMUP_S / 2, CONNECTIONS)
+                    await sidecar_throughput(sidecar, managed, workload, WARMUP_S, connections)
+                    await sidecar_throughput(sidecar, plain, workload, WARMUP_S / 2, connections)
                 one_key = workload.one_key()
                 for round_index in range(rounds):
                     order = list(zip(arms, sidecars, strict=True))
@@ -108,11 +110,11 @@ async def run(
                         order.reverse()
                     for arm, (sidecar, managed, plain) in order:
                         rate = await sidecar_throughput(
-                            sidecar, managed, workload, THROUGHPUT_S, CONNECTIONS
+                            sidecar, managed, workload, THROUGHPUT_S, connections
                         )
                         arm.managed.append(rate.per_second)
                         passed = await sidecar_throughput(
-                            sidecar, plain, workload, THROUGHPUT_S, CONNECTIONS
+                            sidecar, plain, workload, THROUGHPUT_S, connections
                         )
                         arm.unmanaged.append(passed.per_second)
                         arm.spread += await sidecar_latency(
@@ -138,7 +140,7 @@ def _ratio(figures: Sequence[float], base: Sequence[float]) -> str:
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
-def render(setting: str, arms: Sequence[Arm]) -> list[str]:
+def render(setting: str, arms: Sequence[Arm], connections: int) -> list[str]:
     base = arms[0]
     rows = [
         [
@@ -159,7 +161,7 @@ def render(setting: str, arms: Sequence[Arm]) -> list[str]:
         *markdown_table(
             [
                 setting,
-                f"managed records/s, {CONNECTIONS} x {BATCH} in flight (median)",
+                f"managed records/s, {connections} x {BATCH} in flight (median)",
                 f"managed / `{base.value}` (median of the rounds, min-max)",
                 "unmanaged records/s (median)",
                 f"unmanaged / `{base.value}`",
@@ -172,14 +174,20 @@ def render(setting: str, arms: Sequence[Arm]) -> list[str]:
 
 
 def measure(
-    name: str, title: str, setting: str, values: Sequence[str], rounds: int, module: str
+    name: str,
+    title: str,
+    setting: str,
+    values: Sequence[str],
+    rounds: int,
+    module: str,
+    connections: int = CONNECTIONS,
 ) -> None:
     """Run the A/B, print it and write ``results/<name>.md``; ``module`` is what ran."""
     measure_and_write(
         name,
         title,
-        lambda log: run(setting, values, rounds, log),
-        lambda arms: render(setting, arms),
+        lambda log: run(setting, values, rounds, connections, log),
+        lambda arms: render(setting, arms, connections),
         module=module,
     )
 
@@ -191,10 +199,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--values", nargs="+", required=True, help="the first is the baseline")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--connections", type=int, default=CONNECTIONS, help="requests of 100 records in flight"
+    )
     parser.add_argument("--name", default="", help="results/<name>.md (default ab-<setting>)")
     args = parser.parse_args(argv)
     name = args.name or "ab-" + args.setting.replace(".", "-").replace("_", "-")
-    measure(name, f"A/B of `{args.setting}`", args.setting, args.values, args.rounds, "bench.ab")
+    measure(
+        name,
+        f"A/B of `{args.setting}`",
+        args.setting,
+        args.values,
+        args.rounds,
+        "bench.ab",
+        args.connections,
+    )
 
 
 if __name__ == "__main__":
