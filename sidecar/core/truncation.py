@@ -92,3 +92,46 @@ def unconfirmed(
     names the boundary and the epoch it was stored with, so a boundary lost again later
     (another generation, another epoch) is refused again until confirmed again."""
     return [lost for lost in found if confirmed_loss(lost) not in confirmed]
+
+
+# KIP-320 for consumers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerTruncation:
+    """A consumer's position its partition's log no longer reaches: records it consumed
+    below it were lost to an unclean leader election, and the offsets from ``resume_at``
+    are (or will be) reused by records written after the loss."""
+
+    position: int
+    """The offset the consumer would have read next."""
+    leader_epoch: int
+    """The leader epoch of the last record it consumed."""
+    resume_at: int | None
+    """Where its log and the partition's diverge (the end of that epoch on the current
+    leader): read again from here, so that nothing written after the loss is skipped.
+    None: the leader knows no epoch that old, so where they diverge is not known."""
+
+    @property
+    def lost(self) -> int | None:
+        """How many records the consumer read that the log no longer has (None: unknown)."""
+        return None if self.resume_at is None else self.position - self.resume_at
+
+
+def consumer_truncation(
+    position: int, leader_epoch: int | None, epoch_end: int | None
+) -> ConsumerTruncation | None:
+    """KIP-320's validation of a consumer's position after a leader change.
+
+    ``leader_epoch`` is the epoch of the last record the consumer read (None or negative:
+    it read none since it took the position, or the record had none, so there is
+    nothing to validate); ``epoch_end`` is the current leader's OffsetForLeaderEpoch
+    answer for it (where the largest epoch at or below it ends; None: it knows no epoch
+    that old). The position stands if the epoch ends at or above it; else the log was
+    truncated below it (Kafka's consumer: ``SubscriptionState.maybeCompleteValidation``).
+    """
+    if leader_epoch is None or leader_epoch < 0:
+        return None
+    if epoch_end is not None and epoch_end >= position:
+        return None
+    return ConsumerTruncation(position, leader_epoch, epoch_end)
