@@ -7,13 +7,14 @@ addresses. Its root filesystem is read-only, as in the Kubernetes manifests.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,24 @@ class RunningContainer:
         attributes: dict[str, Any] = wrapped.attrs
         return attributes
 
-    def logs(self) -> str:
-        output: bytes = self.wrapped.logs(tail=200)
+    def logs(self, tail: int = 200) -> str:
+        output: bytes = self.wrapped.logs(tail=tail)
         return output.decode(errors="replace")
+
+
+def logs_of(*containers: RunningContainer, tail: int = 300) -> Callable[[], Awaitable[str]]:
+    """A ``wait_until_delivered`` diagnosis: the end of each container's log. A record a
+    consumer never delivered leaves its trace there (a fetch discarded, a position set
+    anew) and nowhere else once the containers are removed."""
+
+    async def diagnose() -> str:
+        parts = []
+        for container in containers:
+            log = await asyncio.to_thread(container.logs, tail)
+            parts.append(f"\n--- log of {container.sidecar_id} (last {tail} lines) ---\n{log}")
+        return "".join(parts)
+
+    return diagnose
 
 
 def container_settings(cluster: ClusterEndpoints, root: str | None = None) -> Settings:

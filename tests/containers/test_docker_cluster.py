@@ -38,7 +38,12 @@ from ordered_dev.harness.sidecars import (
     unique,
 )
 from tests.containers.conftest import MEASURED
-from tests.containers.support import RunningContainer, container_settings, sidecar_container
+from tests.containers.support import (
+    RunningContainer,
+    container_settings,
+    logs_of,
+    sidecar_container,
+)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +143,7 @@ async def test_ordered_delivery_through_sidecar_containers_across_an_expansion_a
             await asyncio.sleep(1.0)
             stop_producing.set()
             await asyncio.gather(*producers)
-            await wait_until_delivered(ledger, within_s=90)
+            await wait_until_delivered(ledger, within_s=90, diagnose=logs_of(*sidecars))
         finally:
             stop_producing.set()
             stop_consuming.set()

@@ -39,6 +39,7 @@ from tests.containers.conftest import MEASURED
 from tests.containers.support import (
     RunningContainer,
     container_settings,
+    logs_of,
     run_container,
     sidecar_container,
     wait_ready,
@@ -122,7 +123,7 @@ async def test_produce_and_ordered_consume_through_the_container(
             await asyncio.sleep(1.0)
             stop_producing.set()
             await producer
-            await wait_until_delivered(ledger, within_s=60)
+            await wait_until_delivered(ledger, within_s=60, diagnose=logs_of(container))
         finally:
             stop_producing.set()
             stop_consuming.set()
