@@ -58,25 +58,36 @@ class LogWaits:
 
     def change_sources(self, partition: int, generation: int) -> frozenset[tuple[int, int]]:
         """Every (source, change) whose keys reach ``partition`` in ``generation``, with a
-        boundary above 0 (a wait at offset 0 is always met)."""
+        boundary above 0 (a wait at offset 0 is always met).
+
+        Each node's set is made once from its direct waits and its sources' sets (the
+        sources are older, so this is a walk of a DAG), in post-order without recursion:
+        a log of 1,400 changes asked this of every node, and a search from each node
+        again took about ten minutes after chaos run 15."""
         node = (partition, generation)
         if node in self._closure:
             return self._closure[node]
-        found: set[tuple[int, int]] = set()
-        seen: set[Destination] = set()
-        pending = [node]
-        while pending:
-            current = pending.pop()
-            if current in seen:
+        stack: list[tuple[Destination, bool]] = [(node, False)]
+        while stack:
+            current, sources_done = stack.pop()
+            if current in self._closure:
                 continue
-            seen.add(current)
-            for source, change, boundary in self.direct(*current):
+            direct = self.direct(*current)
+            if not sources_done:
+                stack.append((current, True))
+                stack.extend(
+                    ((source, change - 1), False)
+                    for source, change, _ in direct
+                    if (source, change - 1) not in self._closure
+                )
+                continue
+            found: set[tuple[int, int]] = set()
+            for source, change, boundary in direct:
                 if boundary > 0:
                     found.add((source, change))
-                pending.append((source, change - 1))
-        result = frozenset(found)
-        self._closure[node] = result
-        return result
+                found |= self._closure[(source, change - 1)]
+            self._closure[current] = frozenset(found)
+        return self._closure[node]
 
     def boundary(self, partition: int, change: int) -> int:
         boundary = self.log[change].boundary(partition)
@@ -97,17 +108,19 @@ class LogWaits:
 
     def revocations_due(self) -> list[RevocationDue]:
         """Every ``keys_revoked`` the log requires of each group, oldest change first."""
-        gated = self.gated_destinations()
+        # Which gated destinations each (source, change) reaches, in one pass over them
+        # (asking every destination again for every revocation point was most of the
+        # checks' time after a run of 1,400 changes).
+        reached_by: dict[tuple[int, int], set[Destination]] = {}
+        for node in self.gated_destinations():
+            for source_change in self.change_sources(*node):
+                reached_by.setdefault(source_change, set()).add(node)
         due = []
         for partition in range(self.log.current.physical_count):
             for point in revocation_points(self.log, partition):
                 if point.boundary <= 0:
                     continue  # nothing was ever below it: nothing to flush
-                destinations = frozenset(
-                    node
-                    for node in gated
-                    if (partition, point.generation) in self.change_sources(*node)
-                )
+                destinations = frozenset(reached_by.get((partition, point.generation), ()))
                 due.append(RevocationDue(partition, point.generation, point.boundary, destinations))
         return sorted(due, key=lambda d: (d.change, d.partition))
 
