@@ -5,6 +5,7 @@ adapters and of the sidecar around the instance: no cluster.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +17,7 @@ from sidecar.core.handoff import Revocation
 from sidecar.core.positions import Positions
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.notices import AssignmentNotices
-from sidecar.service.release import Release
+from sidecar.service.release import PartitionCheck, Release
 from sidecar.service.waits import GateWaits
 from tests.unit.service import fakes
 
@@ -147,3 +148,44 @@ async def test_a_partition_a_rebalance_takes_during_the_read_is_not_told_when_du
     told.runtime, told.tp = check.runtime, check.tp
     await release._tell_due_revocations(told, state, events)
     assert [(e.kind.value, e.partition, e.generation) for e in events] == [("keys_revoked", 0, 1)]
+
+
+class _Store(fakes.Store):
+    """The group's records in ZooKeeper, read just as a rebalance begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.during_read: Callable[[], object] | None = None
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
+        if self.during_read is not None:
+            self.during_read()
+        return await super().acknowledged_revocations(group, topic)
+
+
+async def test_a_partition_a_rebalance_takes_during_the_gate_read_is_not_told_assigned() -> None:
+    # Partition 1 took keys of partition 0 at 5 and the group consumed and acknowledged
+    # them: its gate is open, but a rebalance begins while the release reads that. The
+    # partition's next owner tells its app keys_assigned; this one tells nothing.
+    store = _Store()
+    context = fakes.Context(store=store)
+    runtime = fakes.runtime("t", fakes.expanded_log(5))
+    context.offsets.committed[("g", "t")] = {0: 5}
+    store.acknowledged.append(("g", "t", 0, 1))
+    group_store: Any = store
+    teller = HandoffTeller("g", "i", group_store, None)
+    release = _release(teller, context.build())
+    tp1 = TopicPartition("t", 1)
+    record = fakes.records("t", 1, 0, 0)[0]
+    store.during_read = lambda: release.hold({tp1})
+    events: list[Any] = []
+    check = PartitionCheck(release, runtime, tp1, {})
+    assert not await release._gate_allows(check, record, events)
+    assert events == []
+    assert teller.ledger.pending == {}
+    # Without the rebalance, the same gate tells it.
+    release.unhold({tp1})
+    store.during_read = None
+    check = PartitionCheck(release, runtime, tp1, {})
+    assert not await release._gate_allows(check, record, events)  # told, not acknowledged
+    assert [(e.kind.value, e.partition, e.generation) for e in events] == [("keys_assigned", 1, 1)]
