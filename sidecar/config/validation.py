@@ -299,8 +299,7 @@ def _validate(section: str, values: Any) -> None:
         )
     if section == "process" and values.event_loop not in EVENT_LOOPS:
         raise ConfigError(
-            f"process.event_loop must be one of {', '.join(EVENT_LOOPS)}; "
-            f"got {values.event_loop!r}"
+            f"process.event_loop must be one of {', '.join(EVENT_LOOPS)}; got {values.event_loop!r}"
         )
     if section == "http" and not 0 <= values.port <= 65535:
         raise ConfigError(f"http.port must be between 0 and 65535, got {values.port}")
