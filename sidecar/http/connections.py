@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -122,15 +122,16 @@ class _GuardedProtocol(asyncio.Protocol):
     # asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport, though not always an ``asyncio.Transport`` subclass:
+        # uvloop's implement its methods without deriving from it.
+        stream = self._transport = cast(asyncio.Transport, transport)
         inner = self._make_protocol()
         if not self._guard._admit(self, inner):
-            self._refuse(transport)
+            self._refuse(stream)
             return
         self._inner = inner
         self._start_head_timer()
-        inner.connection_made(transport)
+        inner.connection_made(stream)
 
     def data_received(self, data: bytes) -> None:
         if self._inner is None:

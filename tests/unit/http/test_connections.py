@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from sidecar.config import HttpSettings
@@ -163,3 +164,14 @@ async def test_connections_over_the_limit_are_answered_503_and_closed() -> None:
         assert head.startswith(b"HTTP/1.1 200")
         writer.close()
         second[1].close()
+
+
+def test_the_guard_serves_bounds_and_refuses_on_uvloop() -> None:
+    # process.event_loop auto runs the sidecar on uvloop, whose transports implement
+    # asyncio.Transport's methods without deriving from it: the guard once asserted the
+    # class and refused every connection there.
+    uvloop = pytest.importorskip("uvloop")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(test_connections_over_the_limit_are_answered_503_and_closed())
+        runner.run(test_a_half_sent_request_head_is_closed())
+        runner.run(test_an_idle_keep_alive_connection_is_closed_after_its_answers())
