@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -262,10 +262,13 @@ class LocalCluster:
         self._save()
 
     def start_broker(self, node_id: int, timeout: float = RESTART_TIMEOUT_S) -> None:
-        """Start one stopped Kafka node again and wait until the cluster sees it."""
+        """Start one stopped Kafka node again and wait until the cluster sees it and every
+        other node still running. A node stopped on purpose is not waited for: a fault
+        test may bring one node back while another is down (an unclean election)."""
         if not self._alive(f"kafka-{node_id}"):
             self._spawn_kafka(node_id)
-        self.wait_for_kafka(timeout=timeout)
+        running = {node_id} | {n for n in self.node_ids() if self._alive(f"kafka-{n}")}
+        self.wait_for_kafka(timeout=timeout, nodes=running)
 
     def stop_zookeeper(self, *, kill: bool = False) -> None:
         self._signal("zookeeper", signal.SIGKILL if kill else signal.SIGTERM)
@@ -294,25 +297,30 @@ class LocalCluster:
 
         self._wait_until(ready, timeout, "zookeeper", "ZooKeeper did not serve requests")
 
-    def wait_for_kafka(self, timeout: float = 120.0) -> None:
-        """Wait until every Kafka node is registered with the cluster's controller."""
-        expected = len(self.node_ids())
+    def wait_for_kafka(self, timeout: float = 120.0, nodes: Collection[int] | None = None) -> None:
+        """Wait until every Kafka node (or each of ``nodes``) runs and is registered with
+        the cluster's controller, unfenced."""
+        expected = set(self.node_ids() if nodes is None else nodes)
+        state = self._require_state()
+        ports = [state.kafka_ports[str(node)] for node in sorted(expected)]
+        # Only the awaited nodes are asked: the client logs each refused connection (a
+        # node stopped on purpose) at ERROR level.
+        bootstrap = ",".join(f"127.0.0.1:{port}" for port in ports)
 
         def ready() -> bool:
-            for node in self.node_ids():
+            for node in sorted(expected):
                 if not self._alive(f"kafka-{node}"):
                     raise DevClusterError(
                         f"kafka-{node} exited during start:\n{self.log_tail(f'kafka-{node}')}"
                     )
-            # Ask the cluster only once every listener is up: the client logs each
-            # refused connection at ERROR level.
-            ports = self._require_state().kafka_ports.values()
+            # Ask the cluster only once every listener is up (the same log noise).
             if not all(port_open(port) for port in ports):
                 return False
-            probe = broker_count_of(self.kafka_bootstrap, **self.admin_client_arguments())
-            return run_in_thread(probe) >= expected
+            probe = registered_brokers(bootstrap, **self.admin_client_arguments())
+            return expected <= run_in_thread(probe)
 
-        self._wait_until(ready, timeout, "kafka-1", f"Kafka did not show {expected} brokers")
+        log_name = f"kafka-{min(expected)}"
+        self._wait_until(ready, timeout, log_name, f"Kafka did not show brokers {sorted(expected)}")
 
     def grant_acls(self, principal: str, *resources: str) -> None:
         """Allow ``principal`` (``User:name``) operations on ``resources`` of a secured
@@ -714,14 +722,15 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-async def broker_count_of(bootstrap: str, **client: Any) -> int:
+async def registered_brokers(bootstrap: str, **client: Any) -> set[int]:
+    """The node ids of the brokers the cluster's metadata shows (registered, unfenced)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **client)
     try:
         await admin.start()
         description = await admin.describe_cluster()
-        return len(description["brokers"])
+        return {int(broker["node_id"]) for broker in description["brokers"]}
     finally:
         await admin.close()
 

@@ -20,15 +20,15 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ordered_dev.devcluster.cluster import (
     RESTART_TIMEOUT_S,
-    broker_count_of,
     free_ports,
     kafka_properties,
     port_open,
+    registered_brokers,
     run_in_thread,
     wait_until,
     zookeeper_config,
@@ -134,9 +134,11 @@ class DockerCluster:
         self._halt(f"kafka-{node_id}", kill)
 
     def start_broker(self, node_id: int, timeout: float = RESTART_TIMEOUT_S) -> None:
-        """Start one stopped Kafka container again and wait until the cluster sees it."""
+        """Start one stopped Kafka container again and wait until the cluster sees it and
+        every other node still running (as ``LocalCluster.start_broker``)."""
         self._resume(f"kafka-{node_id}")
-        self.wait_for_kafka(timeout=timeout)
+        running = {node_id} | {n for n in self.node_ids() if self._running(f"kafka-{n}")}
+        self.wait_for_kafka(timeout=timeout, nodes=running)
 
     def stop_zookeeper(self, *, kill: bool = False) -> None:
         self._halt("zookeeper", kill)
@@ -151,18 +153,22 @@ class DockerCluster:
 
         self._wait_until(ready, timeout, "zookeeper", "ZooKeeper did not serve requests")
 
-    def wait_for_kafka(self, timeout: float = 120.0) -> None:
-        """Wait until every Kafka node is registered with the cluster's controller."""
-        expected = self.broker_count
+    def wait_for_kafka(self, timeout: float = 120.0, nodes: Collection[int] | None = None) -> None:
+        """Wait until every Kafka node (or each of ``nodes``) runs and is registered with
+        the cluster's controller, unfenced."""
+        expected = set(self.node_ids() if nodes is None else nodes)
+        ports = [self.kafka_ports[str(node)] for node in sorted(expected)]
+        bootstrap = ",".join(f"127.0.0.1:{port}" for port in ports)
 
         def ready() -> bool:
-            for node in self.node_ids():
+            for node in sorted(expected):
                 self._require_running(f"kafka-{node}")
-            if not all(port_open(port) for port in self.kafka_ports.values()):
+            if not all(port_open(port) for port in ports):
                 return False
-            return run_in_thread(broker_count_of(self.kafka_bootstrap)) >= expected
+            return expected <= run_in_thread(registered_brokers(bootstrap))
 
-        self._wait_until(ready, timeout, "kafka-1", f"Kafka did not show {expected} brokers")
+        log_name = f"kafka-{min(expected)}"
+        self._wait_until(ready, timeout, log_name, f"Kafka did not show brokers {sorted(expected)}")
 
     def container(self, name: str) -> Any:
         """The Docker SDK's object of server ``name``'s container, freshly inspected."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +53,9 @@ class ClusterServers(Protocol):
     def start_broker(self, node_id: int, timeout: float = ...) -> None: ...
     def stop_zookeeper(self, *, kill: bool = False) -> None: ...
     def start_zookeeper(self, timeout: float = 60.0) -> None: ...
-    def wait_for_kafka(self, timeout: float = 120.0) -> None: ...
+    def wait_for_kafka(
+        self, timeout: float = 120.0, nodes: Collection[int] | None = None
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
