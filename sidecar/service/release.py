@@ -15,12 +15,9 @@ group), and before it delivers past it, the app is told "keys revoked"
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.audit import events as audit_events
 from sidecar.audit.events import key_sampled
 from sidecar.core.consume import ConsumedRecord, TopicPartition
@@ -37,10 +34,10 @@ from sidecar.core.handoff import (
     revoked_through,
 )
 from sidecar.core.placement import RELOCATION_HEADER, header_value, routed_generation
-from sidecar.core.positions import PartitionPosition, Positions
-from sidecar.service.consume_context import ConsumeContext
+from sidecar.core.positions import PartitionPosition
+from sidecar.service.consume_context import ConsumeContext, GroupOffsets
+from sidecar.service.consume_state import ConsumeState
 from sidecar.service.handoff import HandoffTeller
-from sidecar.service.notices import AssignmentNotices
 from sidecar.service.registry import TopicRuntime
 from sidecar.service.waits import GateWaits
 
@@ -62,14 +59,9 @@ class PartitionCheck:
     """What the gate needs of one partition during one release, each part computed once."""
 
     def __init__(
-        self,
-        release: Release,
-        runtime: TopicRuntime | None,
-        tp: TopicPartition,
-        progress_by_topic: dict[str, GroupProgress],
+        self, runtime: TopicRuntime | None, tp: TopicPartition, progress: GroupProgressReads
     ) -> None:
         assert runtime is not None
-        self.release = release
         self.runtime = runtime
         self.tp = tp
         self.revocations = revocation_points(runtime.state.log, tp.partition)
@@ -86,7 +78,7 @@ class PartitionCheck:
         """The generation of the records up to ``decided_until``, when that run ends
         only where the log does (the current generation)."""
         self._waits: dict[int, tuple[Wait, ...]] = {}
-        self._progress_by_topic = progress_by_topic
+        self._progress = progress
 
     def waits(self, generation: int) -> tuple[Wait, ...]:
         if generation not in self._waits:
@@ -129,10 +121,33 @@ class PartitionCheck:
 
     async def progress(self) -> GroupProgress:
         """The group's offsets for the topic, read at most once per release."""
-        topic = self.tp.topic
-        if topic not in self._progress_by_topic:
-            self._progress_by_topic[topic] = await self.release.progress(self.runtime, topic)
-        return self._progress_by_topic[topic]
+        return await self._progress.of(self.runtime, self.tp.topic)
+
+
+class GroupProgressReads:
+    """The group's progress in each topic, read at most once per release."""
+
+    def __init__(self, state: ConsumeState, offsets: GroupOffsets, teller: HandoffTeller) -> None:
+        self._state = state
+        self._offsets = offsets
+        self._teller = teller
+        self._read: dict[str, GroupProgress] = {}
+
+    async def of(self, runtime: TopicRuntime, topic: str) -> GroupProgress:
+        """The group's offsets of ``topic`` and the hand-off it acknowledged (read into
+        the instance's ledger). Raises SidecarError while Kafka or ZooKeeper cannot say."""
+        if topic not in self._read:
+            count = len(runtime.state.modes)
+            committed = await self._offsets.committed_offsets(self._state.group, topic, count)
+            log_start = await self._offsets.log_start_offsets(topic, count)
+            acknowledged = await self._teller.read_group(topic)
+            self._read[topic] = GroupProgress(
+                committed,
+                dict(enumerate(log_start)),
+                runtime.state.modes,
+                revoked_through=revoked_through(runtime.state.log, acknowledged),
+            )
+        return self._read[topic]
 
 
 class Release:
@@ -140,71 +155,39 @@ class Release:
 
     def __init__(
         self,
-        group: str,
-        instance_id: str,
+        state: ConsumeState,
         context: ConsumeContext,
-        positions: Positions[ConsumedRecord],
         teller: HandoffTeller,
         waits: GateWaits,
-        notices: AssignmentNotices,
-        *,
-        consumer: Callable[[], GroupConsumer | None],
-        manual: Callable[[], bool],
-        delivery_lock: asyncio.Lock,
     ) -> None:
-        self.group = group
-        self.instance_id = instance_id
+        self.state = state
+        """The instance's shared state: positions, notices, the ledger, what is being
+        revoked, its consumer."""
         self.context = context
-        self.positions = positions
         self.teller = teller
+        """Tells the app of key hand-off."""
         self.waits = waits
-        self.notices = notices
-        self._consumer = consumer
-        self._manual = manual
-        self.delivery_lock = delivery_lock
-        """Held while records are released; a rebalance listener commits what was
-        delivered only once no release runs."""
-        self._revoking: set[TopicPartition] = set()
+        """Announces the gate's waits in ZooKeeper."""
         self._gate_reported: set[Subject] = set()
-
-    # Rebalances ---------------------------------------------------------------------------
-
-    def hold(self, partitions: set[TopicPartition]) -> None:
-        """From here on nothing more is released from ``partitions`` (being revoked)."""
-        self._revoking |= partitions
-
-    def unhold(self, partitions: set[TopicPartition]) -> None:
-        self._revoking -= partitions
 
     # Releasing ----------------------------------------------------------------------------
 
     async def release(self, max_bytes: int | None) -> PollResult:
-        # A rebalance listener commits what was delivered only once no release runs, so
-        # a record can never be released after the commit that hands its partition over.
-        async with self.delivery_lock:
-            return await self._release_locked(max_bytes)
-
-    def undeliver(self, result: PollResult) -> None:
-        """Put back what was released but could not be sent to the app."""
-        self.notices.put_back(result.notices)
-        self.positions.unsent()
-
-    def sent(self) -> None:
-        """The last response reached the app: what it released counts as delivered."""
-        self.positions.sent()
-
-    async def _release_locked(self, max_bytes: int | None) -> PollResult:
+        """Release what the gate lets through, up to ``max_bytes``. Called under the
+        instance's delivery lock: a rebalance listener commits what was delivered only
+        once no release runs, so a record can never be released after the commit that
+        hands its partition over."""
         # A response is confirmed or put back before the next poll; one neither (a
         # failure between the two) is put back: delivered twice, never skipped.
-        self.positions.unsent()
-        if self.teller.fenced:
+        self.state.positions.unsent()
+        if self.state.fenced:
             # After a stall nothing is released until the group has rebalanced: the
-            # partitions may be another instance's by now (HandoffTeller.fence).
+            # partitions may be another instance's by now (ConsumeState.fence).
             return PollResult([], [], [])
         released: list[ConsumedRecord] = []
         events = await self.teller.pending_events()
         # Under the delivery lock, which the rebalance listener takes to queue them.
-        notices = self.notices.take()
+        notices = self.state.notices.take()
         try:
             return await self._release_partitions(released, events, notices, max_bytes)
         except BaseException:
@@ -212,6 +195,15 @@ class Release:
             # buffers goes back, so it is delivered, never lost, on the next poll.
             self.undeliver(PollResult(released, [], notices))
             raise
+
+    def undeliver(self, result: PollResult) -> None:
+        """Put back what was released but could not be sent to the app."""
+        self.state.notices.put_back(result.notices)
+        self.state.positions.unsent()
+
+    def sent(self) -> None:
+        """The last response reached the app: what it released counts as delivered."""
+        self.state.positions.sent()
 
     async def _release_partitions(
         self,
@@ -222,24 +214,25 @@ class Release:
     ) -> PollResult:
         size = 0
         released_from: set[TopicPartition] = set()
-        progress_by_topic: dict[str, GroupProgress] = {}
+        progress = GroupProgressReads(self.state, self.context.offsets, self.teller)
         registry = self.context.registry
-        for tp in sorted(self.positions):
-            state = self.positions.get(tp)
+        positions = self.state.positions
+        for tp in sorted(positions):
+            state = positions.get(tp)
             if state is None:
                 continue  # revoked by a rebalance while this loop awaited
-            if self.notices.must_tell_assigned(tp, manual=self._manual()):
+            if self.state.notices.must_tell_assigned(tp, manual=bool(self.state.manual)):
                 continue
             runtime = await registry.runtime(tp.topic)
             gated = runtime is not None and runtime.state.config.ordered_delivery
             # Per partition and release, computed once: the waits of each generation and
             # the boundaries where keys moved away; the group's offsets only if needed.
-            check = PartitionCheck(self, runtime, tp, progress_by_topic) if gated else None
+            check = PartitionCheck(runtime, tp, progress) if gated else None
             released_before = len(released)
             full = False
             # A rebalance's listener replaces the states only under the delivery lock,
             # held here; the identity check keeps that an invariant, not a hope.
-            while state.buffer and tp not in self._revoking and self.positions.get(tp) is state:
+            while state.buffer and tp not in self.state.revoking and positions.get(tp) is state:
                 record = state.buffer[0]
                 # Relocation tombstones are tombstones: only null values are looked at.
                 if (
@@ -247,26 +240,27 @@ class Release:
                     and runtime is not None
                     and header_value(record.headers, RELOCATION_HEADER) == b"1"
                 ):
-                    self.positions.skip(tp)
+                    positions.skip(tp)
                     continue
                 if check is not None and not check.decided(record):
                     if not await self._gate_allows(check, record, events):
                         break
                     if not await self._revoked_before(check, record.offset, events):
                         break
-                    if tp in self._revoking or self.positions.get(tp) is not state:
+                    if tp in self.state.revoking or positions.get(tp) is not state:
                         break  # a rebalance started while the gate was consulted
                     check.decide_run(record.offset)
                 record_size = len(record.key or b"") + len(record.value or b"")
                 if max_bytes is not None and released and size + record_size > max_bytes:
                     full = True
                     break
-                self.positions.release(tp)
+                positions.release(tp)
                 size += record_size
                 released.append(record)
             # Events go before records in a response: a revocation told alongside the
             # partition's last records would reach the app before them. Next poll, then.
-            if check is not None and tp not in self._revoking and len(released) == released_before:
+            nothing_released = len(released) == released_before
+            if check is not None and tp not in self.state.revoking and nothing_released:
                 await self._tell_due_revocations(check, state, events)
             # Counted once per partition and release: per record, the labelled metric
             # lookups cost as much as the rest of the release.
@@ -281,7 +275,7 @@ class Release:
     def _still_assigned(self, result: PollResult, released_from: set[TopicPartition]) -> PollResult:
         """Drop what was released from partitions that are no longer assigned (lost in a
         rebalance without a revocation): their new owner delivers them."""
-        consumer = self._consumer()
+        consumer = self.state.consumer
         if consumer is None:
             return result
         assigned = consumer.assignment()
@@ -295,18 +289,18 @@ class Release:
                 tp.partition,
             )
         # Never committed as delivered: the partition's next owner delivers them.
-        self.positions.unsent(lost)
+        self.state.positions.unsent(lost)
         kept = [r for r in result.records if TopicPartition(r.topic, r.partition) not in lost]
         return PollResult(kept, result.events, result.notices)
 
     def _record_lag(self, tp: TopicPartition, state: PartitionPosition[ConsumedRecord]) -> None:
-        consumer = self._consumer()
+        consumer = self.state.consumer
         released_to = state.released_to
         if consumer is None or released_to is None:
             return
         highwater = consumer.highwater(tp)
         if highwater is not None:
-            self.context.metrics.lag(self.group, tp, max(0, highwater - released_to))
+            self.context.metrics.lag(self.state.group, tp, max(0, highwater - released_to))
 
     # The gate -----------------------------------------------------------------------------
 
@@ -340,7 +334,7 @@ class Release:
         if subject not in self._gate_reported:
             self._gate_reported.add(subject)
             self._audit_gate_opened(log, progress, tp, record.offset, generation)
-        if not self.teller.ledger.acknowledged(HandoffKind.KEYS_ASSIGNED, *subject):
+        if not self.state.ledger.acknowledged(HandoffKind.KEYS_ASSIGNED, *subject):
             announced = await self.teller.announce(HandoffKind.KEYS_ASSIGNED, subject, events)
             if not announced:
                 return False
@@ -362,12 +356,12 @@ class Release:
             if not 0 < revocation.boundary <= offset:
                 continue
             subject = Subject(check.tp.topic, revocation.partition, revocation.generation)
-            if not self.teller.ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
+            if not self.state.ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
                 # Another instance may have got it acknowledged (this partition's owner
                 # before a rebalance): read the group's acknowledgements first, once per
                 # release, and never tell it while ZooKeeper cannot say (this raises).
                 await check.progress()
-            if check.tp in self._revoking:
+            if check.tp in self.state.revoking:
                 return False  # a rebalance takes the partition: its next owner tells it
             pending = await self.teller.revocation_pending(check.tp.topic, revocation)
             if pending is not None:
@@ -394,14 +388,13 @@ class Release:
         if state.delivered < check.first_revocation:
             return
         log, tp = check.runtime.state.log, check.tp
-        acknowledged = self.teller.acknowledged
-        if not revocations_due(log, tp.partition, state.delivered, acknowledged(tp.topic)):
+        ledger = self.state.ledger
+        if not revocations_due(log, tp.partition, state.delivered, ledger.revocations(tp.topic)):
             return
         await check.progress()  # reads the group's acknowledgements once per release
-        for revocation in revocations_due(
-            log, tp.partition, state.delivered, acknowledged(tp.topic)
-        ):
-            if tp in self._revoking:
+        acknowledged = self.state.ledger.revocations(tp.topic)
+        for revocation in revocations_due(log, tp.partition, state.delivered, acknowledged):
+            if tp in self.state.revoking:
                 # A rebalance began while the group's acknowledgements were read: it
                 # waits only for what was told before it (``record_before_revoke``), so
                 # an event told now would go out as the partition's next owner tells
@@ -415,21 +408,6 @@ class Release:
                 return
             if pending is not None and pending not in events:
                 events.append(pending)
-
-    async def progress(self, runtime: TopicRuntime, topic: str) -> GroupProgress:
-        """The group's offsets of ``topic`` and the hand-off it acknowledged. Raises
-        SidecarError while Kafka or ZooKeeper cannot say."""
-        count = len(runtime.state.modes)
-        offsets = self.context.offsets
-        committed = await offsets.committed_offsets(self.group, topic, count)
-        log_start = await offsets.log_start_offsets(topic, count)
-        acknowledged = await self.teller.read_group(topic)
-        return GroupProgress(
-            committed,
-            dict(enumerate(log_start)),
-            runtime.state.modes,
-            revoked_through=revoked_through(runtime.state.log, acknowledged),
-        )
 
     # Audit --------------------------------------------------------------------------------
 
@@ -455,8 +433,8 @@ class Release:
         ]
         self.context.audit.emit(
             audit_events.gate_opened(
-                group=self.group,
-                instance=self.instance_id,
+                group=self.state.group,
+                instance=self.state.instance_id,
                 topic=tp.topic,
                 partition=tp.partition,
                 offset=offset,
@@ -476,8 +454,8 @@ class Release:
                 continue
             audit.emit(
                 audit_events.delivered(
-                    group=self.group,
-                    instance=self.instance_id,
+                    group=self.state.group,
+                    instance=self.state.instance_id,
                     topic=record.topic,
                     partition=record.partition,
                     offset=record.offset,

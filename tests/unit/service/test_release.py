@@ -4,7 +4,6 @@ adapters and of the sidecar around the instance: no cluster.
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,39 +12,24 @@ import pytest
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import MetadataUnavailable
 from sidecar.core.handoff import Revocation
-from sidecar.core.positions import Positions
+from sidecar.service.consume_state import ConsumeState
 from sidecar.service.handoff import HandoffTeller
-from sidecar.service.notices import AssignmentNotices
 from sidecar.service.release import Release
 from sidecar.service.waits import GateWaits
 from tests.unit.service import fakes
 
 
-def _release(
-    teller: HandoffTeller, context: Any, consumer: Any = None, *, assignment_events: bool = False
-) -> Release:
-    lock = asyncio.Lock()
+def _release(teller: HandoffTeller, context: Any) -> Release:
     metrics: Any = fakes.Metrics()
-    return Release(
-        "g",
-        teller.instance_id,
-        context,
-        Positions(),
-        teller,
-        GateWaits("g", "s-" + teller.instance_id, teller.store, metrics),
-        AssignmentNotices(
-            "g", teller.instance_id, enabled=assignment_events, callbacks=None, delivery_lock=lock
-        ),
-        consumer=lambda: consumer,
-        manual=lambda: False,
-        delivery_lock=lock,
-    )
+    instance_id = teller.state.instance_id
+    waits = GateWaits("g", "s-" + instance_id, teller.store, metrics)
+    return Release(teller.state, context, teller, waits)
 
 
 class _Check:
     """The release loop's view of one partition: its revocation points, and the group's
     progress, whose reading refreshes the teller's record of the group's
-    acknowledgements (as ``Release.progress`` does)."""
+    acknowledgements (as ``GroupProgressReads`` does)."""
 
     def __init__(
         self, teller: HandoffTeller, revocation: Revocation, group_acknowledged: bool
@@ -64,7 +48,7 @@ class _Check:
             raise MetadataUnavailable()
         if self._acknowledged:
             teller = self._teller
-            teller.ledger = teller.ledger.with_group_revocations(
+            teller.state.ledger = teller.state.ledger.with_group_revocations(
                 "t", {(self.revocations[0].partition, self.revocations[0].generation)}
             )
 
@@ -72,7 +56,7 @@ class _Check:
 def _events_release() -> Release:
     """A release of an instance in events mode (no callback URL)."""
     store: Any = fakes.Store()
-    teller = HandoffTeller("g", "new-owner", store, None)
+    teller = HandoffTeller(ConsumeState("g", "new-owner"), store, None)
     unused: Any = SimpleNamespace()
     return _release(teller, unused)
 
@@ -113,7 +97,7 @@ class _RevokedDuringRead(_Check):
 
     async def progress(self) -> None:
         await super().progress()
-        self._release.hold({self.tp})
+        self._release.state.revoking.add(self.tp)
 
 
 async def test_a_partition_a_rebalance_takes_during_the_read_is_not_told_before_delivery() -> None:
@@ -142,7 +126,7 @@ async def test_a_partition_a_rebalance_takes_during_the_read_is_not_told_when_du
     assert events == []
     assert release.teller.told_revocations() == []
     # Without the rebalance, the same read tells it.
-    release.unhold({check.tp})
+    release.state.revoking.discard(check.tp)
     told: Any = _Check(release.teller, revocation, group_acknowledged=False)
     told.runtime, told.tp = check.runtime, check.tp
     await release._tell_due_revocations(told, state, events)
