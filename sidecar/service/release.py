@@ -74,9 +74,10 @@ class PartitionCheck:
         """Records below this offset need no gate or keys_revoked check in this release:
         the last check found the gate open for their generation and the app told of
         every revocation below it (see ``Release._decide_run``)."""
-        self.decided_generation = 0
+        self.decided_generation: int | None = None
         """The generation of the records up to ``decided_until``, when that run ends
-        only where the log does (the current generation)."""
+        only where the log does (the current generation, which may be 0); None
+        otherwise."""
         self._waits: dict[int, tuple[Wait, ...]] = {}
         self._progress = progress
 
@@ -92,7 +93,7 @@ class PartitionCheck:
         without asking again (one decision per run of records, not per record)."""
         if record.offset >= self.decided_until:
             return False
-        if self.decided_generation:
+        if self.decided_generation is not None:
             # A run of the current generation ends only where the log does; a record
             # written under a generation this sidecar has not read yet must be judged.
             written = routed_generation(record.headers)
@@ -114,7 +115,7 @@ class PartitionCheck:
         ends = [bound for bound in (end, next_revocation) if bound is not None]
         if ends:
             self.decided_until = min(ends)
-            self.decided_generation = 0 if end is not None else log.current.number
+            self.decided_generation = None if end is not None else log.current.number
         else:
             self.decided_until = 1 << 63
             self.decided_generation = log.current.number

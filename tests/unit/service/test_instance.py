@@ -7,7 +7,7 @@ import pytest
 
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict
-from sidecar.core.generations import Boundary
+from sidecar.core.generations import Boundary, GenerationLog
 from sidecar.core.placement import GENERATION_HEADER
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
 from sidecar.service.release import PollResult
@@ -202,6 +202,27 @@ async def test_a_record_of_a_generation_not_read_yet_ends_the_released_run() -> 
     assert [r.offset for r in result.records] == [0, 1, 2]
     assert context.registry.refreshed >= 1
     assert [r.offset for r in instance.partitions[TP0].buffer] == [3]
+
+
+async def test_a_record_of_generation_1_ends_a_released_run_of_generation_0() -> None:
+    # The same at generation 0, which a run of the current generation once could not
+    # tell from a run that ends before the log does: record 2, written under
+    # generation 1, went out with the run, unjudged.
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", GenerationLog.start(1)))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0)
+    written_under = [b"0", b"0", b"1"]
+    context.consumer.next_fetch = {
+        TP0: [
+            fakes.Record("t", 0, offset, headers=[(GENERATION_HEADER, generation)])
+            for offset, generation in enumerate(written_under)
+        ]
+    }
+    result = await _poll(instance, 0.03, None)
+    assert [r.offset for r in result.records] == [0, 1]
+    assert context.registry.refreshed >= 1
+    assert [r.offset for r in instance.partitions[TP0].buffer] == [2]
 
 
 async def test_a_released_run_ends_where_the_next_generation_begins() -> None:
