@@ -325,6 +325,8 @@ class Release:
         if not waits:
             return True
         progress = await check.progress()
+        if tp in self.state.revoking:
+            return False  # a rebalance began during the read: the next owner judges it
         missing = unmet(waits, progress)
         if missing:
             for wait in missing:
@@ -335,6 +337,10 @@ class Release:
         if subject not in self._gate_reported:
             self._gate_reported.add(subject)
             self._audit_gate_opened(log, progress, tp, record.offset, generation)
+        if tp in self.state.revoking:
+            # A rebalance began while the waits were withdrawn: keys_assigned told now
+            # would stay pending for a partition this instance no longer reads.
+            return False
         if not self.state.ledger.acknowledged(HandoffKind.KEYS_ASSIGNED, *subject):
             announced = await self.teller.announce(HandoffKind.KEYS_ASSIGNED, subject, events)
             if not announced:

@@ -4,17 +4,19 @@ adapters and of the sidecar around the instance: no cluster.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from sidecar.core.consume import TopicPartition
+from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import MetadataUnavailable
 from sidecar.core.handoff import Revocation
+from sidecar.core.positions import Fetch
 from sidecar.service.consume_state import ConsumeState
 from sidecar.service.handoff import HandoffTeller
-from sidecar.service.release import Release
+from sidecar.service.release import PollResult, Release
 from sidecar.service.waits import GateWaits
 from tests.unit.service import fakes
 
@@ -131,3 +133,52 @@ async def test_a_partition_a_rebalance_takes_during_the_read_is_not_told_when_du
     told.runtime, told.tp = check.runtime, check.tp
     await release._tell_due_revocations(told, state, events)
     assert [(e.kind.value, e.partition, e.generation) for e in events] == [("keys_revoked", 0, 1)]
+
+
+class _Store(fakes.Store):
+    """The group's records in ZooKeeper: away, or read just as a rebalance begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away = False
+        self.during_read: Callable[[], object] | None = None
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
+        if self.during_read is not None:
+            self.during_read()
+        if self.away:
+            raise MetadataUnavailable()
+        return await super().acknowledged_revocations(group, topic)
+
+
+def _told(result: PollResult) -> list[tuple[str, int, int]]:
+    return [(e.kind.value, e.partition, e.generation) for e in result.events]
+
+
+async def test_a_partition_a_rebalance_takes_during_the_gate_read_is_not_told_assigned() -> None:
+    # Partition 1 took keys of partition 0 at 5 and the group consumed and acknowledged
+    # them: its gate is open, but a rebalance begins while the release reads that. The
+    # partition's next owner tells its app keys_assigned; this one tells nothing more.
+    store = _Store()
+    context = fakes.Context(store=store)
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5)))
+    context.offsets.committed[("g", "t")] = {0: 5}
+    store.acknowledged.append(("g", "t", 0, 1))
+    tp1 = TopicPartition("t", 1)
+    state = ConsumeState("g", "i")
+    state.positions.follow([tp1], 1)
+    batch: list[ConsumedRecord] = list(fakes.records("t", 1, 0, 1))
+    state.positions.take(Fetch(1, state.positions.seek_epoch, {tp1: batch}, {tp1: 2}))
+    group_store: Any = store
+    metrics: Any = context.metrics
+    teller = HandoffTeller(state, group_store, None)
+    release = Release(state, context.build(), teller, GateWaits("g", "s-i", group_store, metrics))
+    store.during_read = lambda: state.revoking.add(tp1)
+    result = await release.release(None)
+    assert (result.records, result.events) == ([], [])
+    assert state.ledger.pending == {}
+    # Without the rebalance, the same gate tells it.
+    state.revoking.discard(tp1)
+    store.during_read = None
+    told = await release.release(None)
+    assert _told(told) == [("keys_assigned", 1, 1)]
