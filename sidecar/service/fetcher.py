@@ -14,23 +14,16 @@ from typing import Any
 
 from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.core.consume import ConsumedRecord
-from sidecar.core.positions import Fetch, Positions
-from sidecar.service.notices import AssignmentNotices
+from sidecar.core.positions import Fetch
+from sidecar.service.consume_state import ConsumeState
 
 _log = logging.getLogger(__name__)
 
 
 class Fetcher:
-    def __init__(
-        self,
-        positions: Positions[ConsumedRecord],
-        notices: AssignmentNotices,
-        *,
-        buffer_limit: int,
-        grace_s: float,
-    ) -> None:
-        self.positions = positions
-        self.notices = notices
+    def __init__(self, state: ConsumeState, *, buffer_limit: int, grace_s: float) -> None:
+        self.state = state
+        """The instance's shared state: the fetcher feeds its ``positions``."""
         self.buffer_limit = buffer_limit
         self.grace_s = grace_s
         """How much longer than its own timeout a poll waits for the consumer's fetch."""
@@ -40,10 +33,11 @@ class Fetcher:
     async def fetch(self, consumer: GroupConsumer, wait_s: float) -> None:
         """Take what the consumer fetches within ``wait_s`` into the positions model.
         Raises KafkaUnavailable."""
+        positions = self.state.positions
         assigned = consumer.assignment()
-        gone = self.positions.follow(assigned, consumer.incarnation())
-        self.notices.forget([tp for tp in gone if tp not in assigned])
-        paused = self.positions.full(assigned, self.buffer_limit)
+        gone = positions.follow(assigned, consumer.incarnation())
+        self.state.notices.forget([tp for tp in gone if tp not in assigned])
+        paused = positions.full(assigned, self.buffer_limit)
         # Re-applied every time: a rebalance forgets pauses.
         consumer.resume([tp for tp in assigned if tp not in paused])
         if paused:
@@ -62,7 +56,7 @@ class Fetcher:
         if not done:
             return
         fetching, self._fetching = self._fetching, None
-        for dropped in self.positions.take(fetching.result()):
+        for dropped in positions.take(fetching.result()):
             _log.info(
                 "%s[%d]: fetch of %d..%d not taken, %s: the consumer reads them again from "
                 "its new position",
@@ -78,7 +72,7 @@ class Fetcher:
         # Read in the same step as the fetch returned, before a seek can run: a fetch
         # taken after a later seek of its partition is dropped.
         return Fetch(
-            fetched.incarnation, self.positions.seek_epoch, fetched.batches, fetched.positions
+            fetched.incarnation, self.state.positions.seek_epoch, fetched.batches, fetched.positions
         )
 
     def cancel(self) -> None:

@@ -2,10 +2,10 @@
 
 By calling the app's callback URL (and waiting for a 2xx), or as events in the poll
 response that the app acknowledges. The ``HandoffLedger`` (pure) holds what was told
-and acknowledged; this component keeps the current ledger, records the app's
-keys_revoked acknowledgements for the group in ZooKeeper (``acknowledge_revocation``),
-and reads the group's (another instance, a previous owner of the partition, may have
-got one acknowledged).
+and acknowledged; this component keeps the instance's ledger (in its ``ConsumeState``)
+current, records the app's keys_revoked acknowledgements for the group in ZooKeeper
+(``acknowledge_revocation``), and reads the group's (another instance, a previous owner
+of the partition, may have got one acknowledged).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from sidecar.core.handoff import (
     HandoffCallback,
     HandoffEvent,
     HandoffKind,
-    HandoffLedger,
     Revocation,
     Subject,
 )
 from sidecar.service.consume_context import GroupStore
+from sidecar.service.consume_state import ConsumeState
 
 _log = logging.getLogger(__name__)
 
@@ -35,29 +35,21 @@ _log = logging.getLogger(__name__)
 class HandoffTeller:
     def __init__(
         self,
-        group: str,
-        instance_id: str,
+        state: ConsumeState,
         store: GroupStore,
         callbacks: CallbackClient | None,
-        stalled: Callable[[], bool] = lambda: False,
         *,
         patience_s: float = ConsumerSettings().callback_patience_s,
     ) -> None:
-        self.group = group
+        self.state = state
+        """The instance's shared state: this component keeps its ``ledger`` current and
+        tells nothing while it is ``fenced``."""
         self.patience_s = patience_s
         """How long a patient callback is retried, at least (``consumer.callback_patience_s``)."""
-        self.instance_id = instance_id
         self.store = store
         self.callbacks = callbacks
-        self.ledger = HandoffLedger()
-        """What the app was told of key hand-off and acknowledged (and the group's
-        acknowledged revocations, as last read from ZooKeeper)."""
         self._unrecorded: set[Subject] = set()
         """keys_revoked acknowledged here but not written to ZooKeeper yet (it was away)."""
-        self._stalled = stalled
-        self._fenced = False
-        """Set after a stall of this process until the group's next assignment (see
-        ``fence``)."""
         self._revoke_calls: dict[Subject, tuple[asyncio.Task[None], bool]] = {}
         """keys_revoked callbacks under way (and whether each is patient): the release
         loop, a commit and a rebalance listener can all need the same one at once, and
@@ -66,23 +58,8 @@ class HandoffTeller:
         """The instance is being deleted: its app no longer polls, so nothing told is
         waited for."""
 
-    # Stalls -------------------------------------------------------------------------------
-
-    def fence(self) -> None:
-        """This process stopped for a while (``StallWatch``): the group may have given
-        its partitions to another instance, which tells its own app. Nothing is told
-        until ``unfence`` (the group's next assignment)."""
-        self._fenced = True
-
-    def unfence(self) -> None:
-        self._fenced = False
-
-    @property
-    def fenced(self) -> bool:
-        return self._fenced or self._stalled()
-
     def _require_unfenced(self) -> None:
-        if self.fenced:
+        if self.state.fenced:
             raise ConsumerStateConflict(
                 "this sidecar was stopped for a while; its consumer group is rebalancing "
                 "before anything more is told or delivered: retry the request"
@@ -90,43 +67,42 @@ class HandoffTeller:
 
     # The group's acknowledgements ---------------------------------------------------------
 
-    def acknowledged(self, topic: str) -> frozenset[tuple[int, int]]:
-        """The (partition, generation) revocations of ``topic`` acknowledged for the group."""
-        return self.ledger.revocations(topic)
-
     async def read_group(self, topic: str) -> frozenset[tuple[int, int]]:
         """Write what is unrecorded, then read the group's acknowledged revocations of
         ``topic`` into the ledger. Raises SidecarError while ZooKeeper is away."""
         await self.record_unrecorded()
-        group_acknowledged = await self.store.acknowledged_revocations(self.group, topic)
-        self.ledger = self.ledger.with_group_revocations(topic, group_acknowledged)
-        return self.acknowledged(topic)
+        state = self.state
+        group_acknowledged = await self.store.acknowledged_revocations(state.group, topic)
+        state.ledger = state.ledger.with_group_revocations(topic, group_acknowledged)
+        return state.ledger.revocations(topic)
 
     async def pending_events(self) -> list[HandoffEvent]:
         """The events the app still has to acknowledge, less the keys_revoked the group
         acknowledged meanwhile through another instance (a previous owner of the
         partition, whose app got it first): those are told once, not again. None while
         fenced."""
-        if self.fenced:
+        state = self.state
+        if state.fenced:
             return []
-        pending = self.ledger.pending.values()
+        pending = state.ledger.pending.values()
         revoking = {e.topic for e in pending if e.kind is HandoffKind.KEYS_REVOKED}
         for topic in revoking:
             try:
-                group = await self.store.acknowledged_revocations(self.group, topic)
+                group = await self.store.acknowledged_revocations(state.group, topic)
             except SidecarError:
                 continue  # ZooKeeper away: tell what is pending, as before
-            self.ledger = self.ledger.with_group_revocations(topic, group)
-        return list(self.ledger.pending.values())
+            state.ledger = state.ledger.with_group_revocations(topic, group)
+        return list(state.ledger.pending.values())
 
     def told_revocations(self) -> list[HandoffEvent]:
         """The keys_revoked events told to the app and not acknowledged yet."""
-        return [e for e in self.ledger.pending.values() if e.kind is HandoffKind.KEYS_REVOKED]
+        pending = self.state.ledger.pending.values()
+        return [e for e in pending if e.kind is HandoffKind.KEYS_REVOKED]
 
     async def record_unrecorded(self) -> None:
         for subject in sorted(self._unrecorded):
             try:
-                await self.store.acknowledge_revocation(self.group, *subject)
+                await self.store.acknowledge_revocation(self.state.group, *subject)
             except SidecarError as exc:
                 _log.info("keys_revoked acknowledgement kept for later: %s", exc.message)
                 return
@@ -176,7 +152,8 @@ class HandoffTeller:
         """Their keys_revoked events are no longer this instance's to tell: the new owner
         tells its app whatever the group has not acknowledged. An app that already got
         one may still acknowledge it (and spare the new owner's app the telling)."""
-        self.ledger = self.ledger.partitions_lost({(tp.topic, tp.partition) for tp in partitions})
+        state = self.state
+        state.ledger = state.ledger.partitions_lost({(tp.topic, tp.partition) for tp in partitions})
 
     # Telling the app ----------------------------------------------------------------------
 
@@ -188,9 +165,9 @@ class HandoffTeller:
         self._require_unfenced()
         if self.callbacks is not None:
             await self._call_back(kind, subject)
-            self.ledger = self.ledger.confirmed(kind, *subject)
+            self.state.ledger = self.state.ledger.confirmed(kind, *subject)
             return True
-        self.ledger, event = self.ledger.tell(kind, *subject)
+        self.state.ledger, event = self.state.ledger.tell(kind, *subject)
         if event is None:
             return True
         if event not in events:
@@ -200,7 +177,7 @@ class HandoffTeller:
     async def acknowledge_events(self, event_ids: Iterable[int]) -> None:
         """The app handled these events. Raises BadRequest for an id that is not pending
         (and then acknowledges none of them)."""
-        self.ledger, acknowledged = self.ledger.acknowledge(list(event_ids))
+        self.state.ledger, acknowledged = self.state.ledger.acknowledge(list(event_ids))
         for event in acknowledged:
             if event.kind is HandoffKind.KEYS_REVOKED:
                 self._unrecorded.add(event.subject)
@@ -215,14 +192,14 @@ class HandoffTeller:
         calls the callback (see ``_call_back``; raises CallbackFailed). Raises
         ConsumerStateConflict while fenced."""
         subject = Subject(topic, revocation.partition, revocation.generation)
-        if self.ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
+        if self.state.ledger.acknowledged(HandoffKind.KEYS_REVOKED, *subject):
             return None
         self._require_unfenced()
         if self.callbacks is not None:
             await self._revoke_call(subject, patient=patient)
             await self.record_unrecorded()
             return None
-        self.ledger, event = self.ledger.tell(HandoffKind.KEYS_REVOKED, *subject)
+        self.state.ledger, event = self.state.ledger.tell(HandoffKind.KEYS_REVOKED, *subject)
         return event
 
     async def require_revoked(self, topic: str, revocation: Revocation) -> None:
@@ -257,7 +234,7 @@ class HandoffTeller:
         within_s = self.callbacks.timeout_s
         if patient:
             within_s = max(self.patience_s, within_s)
-        message = HandoffCallback(kind, self.group, self.instance_id, subject)
+        message = HandoffCallback(kind, self.state.group, self.state.instance_id, subject)
         failure = await self.callbacks.post(message, within_s=within_s, still_needed=still_needed)
         if failure is not None:
             raise CallbackFailed(
@@ -295,8 +272,8 @@ class HandoffTeller:
             # Asked again before every attempt: a call that waited (a retry, a rebalance,
             # a process paused past its sessions) may find that the partition's new owner
             # got it acknowledged meanwhile. While ZooKeeper cannot say, nothing is sent.
-            group = await self.store.acknowledged_revocations(self.group, topic)
-            self.ledger = self.ledger.with_group_revocations(topic, group)
+            group = await self.store.acknowledged_revocations(self.state.group, topic)
+            self.state.ledger = self.state.ledger.with_group_revocations(topic, group)
             return (partition, generation) not in group
 
         await self._call_back(
@@ -304,7 +281,9 @@ class HandoffTeller:
         )
         # Noted before the call counts as ended, so that no caller in between finds it
         # neither acknowledged nor under way and calls the app again.
-        self.ledger = self.ledger.with_group_revocations(topic, {(partition, generation)})
+        self.state.ledger = self.state.ledger.with_group_revocations(
+            topic, {(partition, generation)}
+        )
         self._unrecorded.add(subject)
 
     def _revoke_call_ended(self, subject: Subject, call: asyncio.Task[None]) -> None:

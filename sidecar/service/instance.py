@@ -7,9 +7,13 @@ told of key hand-off (``handoff``) and, if it asks, of rebalances (``notices``);
 commits, and the instance's own auto-commits, never pass an unacknowledged hand-off
 (``offsets``); gate waits are announced in ZooKeeper (``waits``).
 
-The instance owns its lock (the HTTP layer serializes calls on one instance with it)
-and the state of its subscription; each component owns its own state, and the
-instance composes them.
+The components share one ``ConsumeState`` (``sidecar.service.consume_state``), as
+aiokafka's fetcher and coordinator share one ``SubscriptionState``: the instance makes
+it and hands it to each; none holds another to reach its state, and none is handed a
+function of the instance. The instance owns its two locks and is the only one to take
+them: ``_lock`` serializes the app's requests (every public operation takes it; the
+HTTP layer only calls them), ``_delivery_lock`` keeps a release and a rebalance
+listener's final commit apart. It also holds the state of its subscription.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
 from sidecar.core.positions import Positions
 from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.consume_state import ConsumeState
 from sidecar.service.fetcher import Fetcher
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.notices import AssignmentNotices
@@ -69,63 +74,49 @@ class ConsumerInstance:
         self.config = config
         self.context = context
         self.last_used = time.monotonic()
-        self.lock = asyncio.Lock()
+        self._lock = asyncio.Lock()
         """One request of the app at a time: every public operation takes it (a records
         response is held until it is sent, ``delivery``)."""
+        self._delivery_lock = asyncio.Lock()
+        """Held while records are released, and while a rebalance listener queues a
+        notice or makes the final commit of what was delivered: the listener runs
+        beside the request that holds ``_lock`` (it may wait for the app's next poll)."""
         self.subscription: list[str] = []
         self.pattern: str | None = None
-        self.manual: list[TopicPartition] = []
-        self._consumer: GroupConsumer | None = None
         self._callbacks: CallbackClient | None = None
         if config.callback_url is not None:
             self._callbacks = context.callback_client(
                 config.callback_url, config.callback_timeout_s
             )
-        self.partitions: Positions[ConsumedRecord] = Positions()
-        self.handoff = HandoffTeller(
+        # One state, shared by the components; none of them holds another to reach it.
+        self.state = ConsumeState(
             config.group,
             config.name,
+            assignment_events=config.assignment_events,
+            stalled=stalled,
+        )
+        self.handoff = HandoffTeller(
+            self.state,
             context.store,
             self._callbacks,
-            stalled,
             patience_s=context.settings.callback_patience_s,
         )
         self.waits = GateWaits(config.group, instance_key, context.store, context.metrics)
-        delivery_lock = asyncio.Lock()
-        self.notices = AssignmentNotices(
-            config.group,
-            config.name,
-            enabled=config.assignment_events,
-            callbacks=self._callbacks,
-            delivery_lock=delivery_lock,
-        )
-        self.release = Release(
-            config.group,
-            config.name,
-            context,
-            self.partitions,
-            self.handoff,
-            self.waits,
-            self.notices,
-            consumer=lambda: self._consumer,
-            manual=lambda: bool(self.manual),
-            delivery_lock=delivery_lock,
-        )
+        self.notices = AssignmentNotices(self.state, self._callbacks)
+        self.release = Release(self.state, context, self.handoff, self.waits)
         self.offsets = Offsets(
-            config.group,
-            config.name,
-            context,
-            self.partitions,
-            self.handoff,
-            consumer=self._require_consumer,
-            callbacks=self._callbacks is not None,
+            self.state, context, self.handoff, callbacks=self._callbacks is not None
         )
         self.fetcher = Fetcher(
-            self.partitions,
-            self.notices,
+            self.state,
             buffer_limit=context.settings.buffer_limit,
             grace_s=context.settings.fetch_grace_s,
         )
+
+    @property
+    def partitions(self) -> Positions[ConsumedRecord]:
+        """Where the instance stands in each partition it reads."""
+        return self.state.positions
 
     @property
     def instance_id(self) -> str:
@@ -134,11 +125,11 @@ class ConsumerInstance:
     # Subscription and assignment ----------------------------------------------------------
 
     async def subscribe(self, topics: Sequence[str] | None, pattern: str | None) -> None:
-        async with self.lock:
+        async with self._lock:
             await self._subscribe(topics, pattern)
 
     async def _subscribe(self, topics: Sequence[str] | None, pattern: str | None) -> None:
-        if self.manual:
+        if self.state.manual:
             raise ConsumerStateConflict("the instance has manual assignments; delete them first")
         if (self.subscription or self.pattern) and (pattern is None) != (self.pattern is None):
             # REST Proxy replaces a subscription; aiokafka refuses to turn topics into a
@@ -159,17 +150,17 @@ class ConsumerInstance:
         assignment made meanwhile fails inside aiokafka ("Should not be called"). The
         next subscribe or assign starts a fresh one.
         """
-        async with self.lock:
+        async with self._lock:
             await self._unsubscribe()
 
     async def _unsubscribe(self) -> None:
         await self._stop_consumer()
-        self.subscription, self.pattern, self.manual = [], None, []
-        self.partitions.reset()
-        self.notices.forget()
+        self.subscription, self.pattern, self.state.manual = [], None, []
+        self.state.positions.reset()
+        self.state.notices.forget()
 
     async def assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
-        async with self.lock:
+        async with self._lock:
             await self._assign_manually(partitions)
 
     async def _assign_manually(self, partitions: Sequence[TopicPartition]) -> None:
@@ -182,19 +173,21 @@ class ConsumerInstance:
             return
         consumer = await self._ensure_consumer()
         consumer.assign(partitions)
-        self.manual = list(partitions)
-        self.partitions.follow(partitions, consumer.incarnation())
+        self.state.manual = list(partitions)
+        self.state.positions.follow(partitions, consumer.incarnation())
 
     def subscribed_topics(self) -> list[str]:
         """The topics named, or those a pattern matches now (as Kafka's consumer says)."""
-        if self.pattern is None or self._consumer is None:
+        consumer = self.state.consumer
+        if self.pattern is None or consumer is None:
             return list(self.subscription)
-        return sorted(self._consumer.subscription())
+        return sorted(consumer.subscription())
 
     def assignment(self) -> list[TopicPartition]:
-        if self._consumer is None:
+        consumer = self.state.consumer
+        if consumer is None:
             return []
-        return sorted(self._consumer.assignment())
+        return sorted(consumer.assignment())
 
     def rebalance_if_subscribed(self, topics: Iterable[str]) -> bool:
         """Ask the group to rebalance if this instance subscribes to one of ``topics``;
@@ -203,8 +196,8 @@ class ConsumerInstance:
         Kafka's consumer rebalances on its own when a topic's partition count changes,
         not when the sidecar's assignor would assign differently.
         """
-        consumer = self._consumer
-        if consumer is None or self.manual or not set(topics) & set(self.subscribed_topics()):
+        consumer = self.state.consumer
+        if consumer is None or self.state.manual or not set(topics) & set(self.subscribed_topics()):
             return False
         consumer.request_rejoin()
         self.context.metrics.rebalance_requested(self.config.group)
@@ -216,7 +209,7 @@ class ConsumerInstance:
         group to lose them to."""
         if not self.rebalance_if_subscribed(self.subscribed_topics()):
             return False
-        self.handoff.fence()
+        self.state.fence()
         return True
 
     # Polling ------------------------------------------------------------------------------
@@ -227,7 +220,7 @@ class ConsumerInstance:
         it counts as delivered if the block ends normally, and is put back (delivered
         again by the next poll, never skipped) if the block raises, e.g. because the
         response could not be encoded or the client went away."""
-        async with self.lock:
+        async with self._lock:
             result = await self._poll(timeout_s, max_bytes)
             try:
                 yield result
@@ -241,7 +234,7 @@ class ConsumerInstance:
         ``timeout_s`` for at least one. Raises ConsumerStateConflict if not subscribed.
         The caller says ``sent`` or ``undeliver`` before the next poll (``delivery``
         does both)."""
-        async with self.lock:
+        async with self._lock:
             return await self._poll(timeout_s, max_bytes)
 
     async def _poll(self, timeout_s: float, max_bytes: int | None) -> PollResult:
@@ -255,7 +248,10 @@ class ConsumerInstance:
             await self.fetcher.fetch(
                 consumer, max(0.0, min(recheck_s, deadline - time.monotonic()))
             )
-            result = await self.release.release(max_bytes)
+            # A rebalance listener commits what was delivered only once no release runs,
+            # so a record is never released after the commit that hands its partition over.
+            async with self._delivery_lock:
+                result = await self.release.release(max_bytes)
             if result.records or result.events or result.notices:
                 return result
             if time.monotonic() >= deadline:
@@ -277,30 +273,30 @@ class ConsumerInstance:
     async def acknowledge_events(self, event_ids: Iterable[int]) -> None:
         """The app handled these events. Raises BadRequest for an id that is not pending
         (and then acknowledges none of them)."""
-        async with self.lock:
+        async with self._lock:
             await self.handoff.acknowledge_events(event_ids)
 
     # Offsets and positions ----------------------------------------------------------------
 
     async def commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
         """See ``Offsets.commit``."""
-        async with self.lock:
+        async with self._lock:
             await self.offsets.commit(offsets)
 
     async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        async with self.lock:
+        async with self._lock:
             return await self.offsets.committed(partitions)
 
     def require_assigned(self, partitions: Iterable[TopicPartition]) -> None:
         """Raises ConsumerStateConflict (no consumer yet) or BadRequest (a partition not
         assigned to this instance)."""
-        assigned = self._require_consumer().assignment()
+        assigned = self.state.require_consumer().assignment()
         for tp in partitions:
             if tp not in assigned:
                 raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
 
     async def seek(self, offsets: Mapping[TopicPartition, int]) -> None:
-        async with self.lock:
+        async with self._lock:
             await self._seek(offsets)
 
     async def seek_positions(
@@ -308,21 +304,21 @@ class ConsumerInstance:
     ) -> None:
         """Seek to ``offsets`` and to the offsets of ``timestamps``, after checking that
         every partition of both is assigned here (nothing moves otherwise)."""
-        async with self.lock:
+        async with self._lock:
             self.require_assigned([*offsets, *timestamps])
             await self._seek(offsets)
             if timestamps:
                 await self._seek_to_timestamps(timestamps)
 
     async def _seek(self, offsets: Mapping[TopicPartition, int]) -> None:
-        consumer = self._require_consumer()
+        consumer = self.state.require_consumer()
         self.require_assigned(offsets)
         for tp, offset in offsets.items():
             consumer.seek(tp, offset)
-            self.partitions.seek(tp, offset, consumer.incarnation())
+            self.state.positions.seek(tp, offset, consumer.incarnation())
 
     async def _seek_to_timestamps(self, timestamps: Mapping[TopicPartition, int]) -> None:
-        consumer = self._require_consumer()
+        consumer = self.state.require_consumer()
         # Before the lookup: for a partition not assigned (or of no topic) aiokafka waits
         # for metadata until the request timeout, holding the instance's lock.
         self.require_assigned(timestamps)
@@ -334,66 +330,81 @@ class ConsumerInstance:
         await self._seek(offsets)
 
     async def seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None:
-        async with self.lock:
+        async with self._lock:
             await self._seek_to(partitions, beginning=beginning)
 
     async def _seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None:
-        consumer = self._require_consumer()
+        consumer = self.state.require_consumer()
         self.require_assigned(partitions)
         if not partitions:
             return  # an empty list seeks none (aiokafka would read it as "all assigned")
         # A new reading from here: a fetch that returns before the seek is dropped; one
         # from the new position, returning before it is known, is kept.
+        positions = self.state.positions
         for tp in partitions:
-            self.partitions.begin_seek(tp, consumer.incarnation())
+            positions.begin_seek(tp, consumer.incarnation())
         await consumer.seek_to(partitions, beginning=beginning)
         for tp in partitions:
-            self.partitions.seek_landed(tp, await consumer.position(tp))
+            positions.seek_landed(tp, await consumer.position(tp))
 
     # Rebalances (the group consumer's RebalanceHandler) -------------------------------------
 
     async def partitions_revoked(self, partitions: set[TopicPartition]) -> None:
         # From here on nothing more is released from these partitions.
-        self.release.hold(partitions)
+        self.state.revoking |= partitions
         try:
-            await self.notices.tell_revoked(sorted(partitions))
+            ordered = sorted(partitions)
+            notice = await self.notices.tell_revoked(ordered)
+            if notice is not None:
+                async with self._delivery_lock:
+                    self.state.notices.queue(notice)
             if self.config.auto_commit:
                 with contextlib.suppress(SidecarError):
-                    await self.offsets.tell_before_revoke(sorted(partitions))
+                    await self.offsets.tell_before_revoke(ordered)
             # Outside the delivery lock: the app keeps polling, and finds and acknowledges
             # the keys-revoked events this waits for.
             await self.handoff.record_before_revoke(
-                sorted(partitions),
+                ordered,
                 wait_s=self.context.settings.revoke_ack_wait_s,
                 retry_s=self.context.settings.callback_retry_s,
                 poll_s=self.context.settings.revoke_ack_poll_s,
             )
-            async with self.release.delivery_lock:
+            async with self._delivery_lock:
                 if self.config.auto_commit:
                     with contextlib.suppress(SidecarError):
                         await self.offsets.auto_commit(force=True)
                 self.revoked(partitions)
         finally:
-            self.release.unhold(partitions)
+            self.state.revoking -= partitions
 
     async def partitions_assigned(self, partitions: set[TopicPartition]) -> None:
         # Buffers start empty; positions come from the group's committed offsets.
         ordered = sorted(partitions)
         # The group has said again who owns what: a fence of a stall is lifted.
-        self.handoff.unfence()
+        self.state.unfence()
         self.context.metrics.rebalanced(self.config.group)
-        if self._consumer is not None:
-            self.partitions.follow(ordered, self._consumer.incarnation())
-        await self.notices.tell_assigned(ordered)
+        consumer = self.state.consumer
+        if consumer is not None:
+            self.state.positions.follow(ordered, consumer.incarnation())
+        if self.state.notices.enabled:
+            notice = await self.notices.tell_assigned(ordered)
+            # A release under way took the queued notices before it looked at any
+            # partition: marked told during it, a partition would release records in a
+            # response without its notice.
+            async with self._delivery_lock:
+                if notice is not None:
+                    self.state.notices.queue(notice)
+                self.state.notices.told_assigned(ordered)
 
     def revoked(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)
-        if self._consumer is None:
-            self.partitions.reset()
+        consumer = self.state.consumer
+        if consumer is None:
+            self.state.positions.reset()
         else:
             # The whole assignment goes, with aiokafka's eager rebalancing, and no state
             # is made for it again (aiokafka reports it until the next one is in).
-            self.partitions.revoked(self._consumer.incarnation())
+            self.state.positions.revoked(consumer.incarnation())
         self.handoff.partitions_lost(gone)
 
     # Life cycle ---------------------------------------------------------------------------
@@ -401,11 +412,11 @@ class ConsumerInstance:
     @property
     def busy(self) -> bool:
         """A request of the app is being served (the idle reaper leaves it alone)."""
-        return self.lock.locked()
+        return self._lock.locked()
 
     async def close(self) -> None:
         """Once the request being served (if any) is done: leave the group, stop."""
-        async with self.lock:
+        async with self._lock:
             await self._stop_consumer()
             if self._callbacks is not None:
                 await self._callbacks.close()
@@ -414,16 +425,18 @@ class ConsumerInstance:
         await self.waits.clear_all()
         self.fetcher.cancel()
         await self.handoff.close()
-        if self._consumer is not None:
+        consumer = self.state.consumer
+        if consumer is not None:
             if self.config.auto_commit:
                 with contextlib.suppress(SidecarError):
                     await self.offsets.auto_commit(force=True)
-            await self._consumer.stop()
-            self._consumer = None
+            await consumer.stop()
+            self.state.consumer = None
 
     async def _ensure_consumer(self) -> GroupConsumer:
-        if self._consumer is None:
-            self._consumer = await self.context.start_consumer(
+        consumer = self.state.consumer
+        if consumer is None:
+            consumer = self.state.consumer = await self.context.start_consumer(
                 GroupConsumerOptions(
                     group=self.config.group,
                     client_suffix=self.instance_id,
@@ -432,15 +445,10 @@ class ConsumerInstance:
                     metadata_max_age_ms=self.context.settings.metadata_max_age_ms,
                 )
             )
-        return self._consumer
-
-    def _require_consumer(self) -> GroupConsumer:
-        if self._consumer is None:
-            raise ConsumerStateConflict("the instance is neither subscribed nor assigned")
-        return self._consumer
+        return consumer
 
     def _require_subscribed(self) -> GroupConsumer:
-        consumer = self._require_consumer()
-        if not (self.subscription or self.pattern or self.manual):
+        consumer = self.state.require_consumer()
+        if not (self.subscription or self.pattern or self.state.manual):
             raise ConsumerStateConflict("the instance is neither subscribed nor assigned")
         return consumer

@@ -12,15 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.audit import events as audit_events
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
 from sidecar.core.handoff import revocations_crossed
 from sidecar.core.positions import PartitionPosition, Positions
 from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.consume_state import ConsumeState
 from sidecar.service.handoff import HandoffTeller
 
 _log = logging.getLogger(__name__)
@@ -29,22 +29,17 @@ _log = logging.getLogger(__name__)
 class Offsets:
     def __init__(
         self,
-        group: str,
-        instance_id: str,
+        state: ConsumeState,
         context: ConsumeContext,
-        positions: Positions[ConsumedRecord],
         teller: HandoffTeller,
         *,
-        consumer: Callable[[], GroupConsumer],
         callbacks: bool,
     ) -> None:
-        self.group = group
-        self.instance_id = instance_id
+        self.state = state
+        """The instance's shared state: positions, its consumer, the hand-off ledger."""
         self.context = context
-        self.positions = positions
         self.teller = teller
-        self._consumer = consumer
-        """The instance's consumer; raises ConsumerStateConflict if it has none."""
+        """Asks the app for the keys_revoked a commit needs."""
         self._callbacks = callbacks
         """Hand-off is told by callback (else as events the app acknowledges)."""
         self._last_auto_commit = time.monotonic()
@@ -54,6 +49,10 @@ class Offsets:
         """The group's committed offset where this instance has not committed yet, per
         partition and reading (the state it was read for)."""
 
+    @property
+    def positions(self) -> Positions[ConsumedRecord]:
+        return self.state.positions
+
     async def commit(self, offsets: Mapping[TopicPartition, int] | None) -> None:
         """Commit ``offsets`` (next offsets to read), or everything delivered if None.
 
@@ -61,7 +60,7 @@ class Offsets:
         assigned, ConsumerStateConflict if a keys-revoked event must be acknowledged
         first, CallbackFailed.
         """
-        consumer = self._consumer()
+        consumer = self.state.require_consumer()
         if offsets is None:
             offsets = {
                 tp: state.delivered
@@ -96,17 +95,17 @@ class Offsets:
                 self.positions.committed(tp, offset)
             self.context.audit.emit(
                 audit_events.committed(
-                    group=self.group,
-                    instance=self.instance_id,
+                    group=self.state.group,
+                    instance=self.state.instance_id,
                     topic=tp.topic,
                     partition=tp.partition,
                     offset=offset,
                 )
             )
-        self.context.metrics.committed(self.group, list(to_commit))
+        self.context.metrics.committed(self.state.group, list(to_commit))
 
     async def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        consumer = self._consumer()
+        consumer = self.state.require_consumer()
         result = {}
         for tp in partitions:
             offset = await consumer.committed(tp)
@@ -140,7 +139,8 @@ class Offsets:
         known = self._group_commits.get(tp)
         if known is not None and known[0] is state:
             return known[1]
-        committed = await self.context.offsets.committed_offsets(self.group, tp.topic, count)
+        group = self.state.group
+        committed = await self.context.offsets.committed_offsets(group, tp.topic, count)
         offset = committed.get(tp.partition, 0)
         self._group_commits[tp] = (state, offset)
         return offset
@@ -178,7 +178,7 @@ class Offsets:
         try:
             await self.auto_commit(force=force)
         except SidecarError as exc:
-            _log.info("auto-commit of %s deferred: %s", self.instance_id, exc.message)
+            _log.info("auto-commit of %s deferred: %s", self.state.instance_id, exc.message)
 
     async def auto_commit(self, *, force: bool) -> None:
         interval_s = self.context.settings.auto_commit_interval_s
@@ -206,7 +206,7 @@ class Offsets:
                     runtime.state.log, tp.partition, before, target
                 ):
                     key = (revocation.partition, revocation.generation)
-                    if key not in self.teller.acknowledged(tp.topic):
+                    if key not in self.state.ledger.revocations(tp.topic):
                         with contextlib.suppress(ConsumerStateConflict):
                             await self.teller.require_revoked(tp.topic, revocation)
                         target = min(target, revocation.boundary - 1)
@@ -219,7 +219,7 @@ class Offsets:
         """Commit at once what waiters need (the caller auto-commits)."""
         for topic in self.positions.topics():
             try:
-                waits = await self.context.store.waits(self.group, topic)
+                waits = await self.context.store.waits(self.state.group, topic)
             except SidecarError:
                 continue
             for tp, state in self.positions.items():

@@ -327,10 +327,10 @@ async def test_a_stalled_sidecar_rebalances_before_it_tells_or_delivers_more(
         requested = metrics.rebalance_requests.labels(label)._value.get()
         rebalances = metrics.rebalances.labels(label)._value.get()
         await sidecar.produce(topic, [{"key": f"k{i}", "value": i} for i in range(10, 20)])
-        handoff = sidecar.server.consumers.instances[(group, "c")].handoff
+        state = sidecar.server.consumers.instances[(group, "c")].state
 
         def fenced() -> bool:
-            return handoff.fenced
+            return state.fenced
 
         assert not fenced()
 

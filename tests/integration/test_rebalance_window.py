@@ -104,7 +104,7 @@ async def test_a_fetch_taken_between_revocation_and_assignment_loses_nothing(
 
         # A fetch of 100..149 left running by a poll that gave up waiting, until it returned.
         await _produce(cluster, topic, 100, 50)
-        consumer = instance._consumer
+        consumer = instance.state.consumer
         assert consumer is not None
         poll = asyncio.create_task(instance.fetcher.fetch(consumer, 5.0))
         while instance.fetcher._fetching is None:  # noqa: ASYNC110 (a field, no event)

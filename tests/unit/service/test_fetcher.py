@@ -93,7 +93,7 @@ def _instance(consumer: _Consumer) -> tuple[ConsumerInstance, Any]:
     )
     instance = ConsumerInstance(config, context, instance_key="s-i")
     fake: Any = consumer
-    instance._consumer = fake
+    instance.state.consumer = fake
     return instance, fake
 
 

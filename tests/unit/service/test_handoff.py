@@ -21,6 +21,7 @@ from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import CallbackFailed, ConsumerStateConflict, MetadataUnavailable
 from sidecar.core.handoff import HandoffKind, Revocation, Subject
 from sidecar.http.callback_codec import encode_callback
+from sidecar.service.consume_state import ConsumeState
 from sidecar.service.handoff import HandoffTeller
 
 
@@ -95,7 +96,7 @@ async def _teller(app: _App) -> tuple[HandoffTeller, web.AppRunner, _Store]:
     )
     store = _Store()
     group_store: Any = store
-    return HandoffTeller("g", "i", group_store, client), runner, store
+    return HandoffTeller(ConsumeState("g", "i"), group_store, client), runner, store
 
 
 async def _close(teller: HandoffTeller) -> None:
@@ -132,12 +133,12 @@ async def test_a_fenced_teller_tells_nothing_until_unfenced() -> None:
     teller, runner, store = await _teller(app)
     revocation = Revocation(partition=0, generation=1, boundary=10)
     try:
-        teller.fence()
+        teller.state.fence()
         with pytest.raises(ConsumerStateConflict, match="rebalancing"):
             await teller.revocation_pending("t", revocation)
         assert await teller.pending_events() == []
         assert app.calls == []
-        teller.unfence()
+        teller.state.unfence()
         assert await teller.revocation_pending("t", revocation) is None
         assert len(app.calls) == 1
         assert ("g", "t", 0, 1) in store.acknowledged
@@ -196,7 +197,7 @@ async def test_a_call_stops_once_another_instance_got_it_acknowledged() -> None:
         store.acknowledged.append(("g", "t", 3, 5))
         assert await call is None
         assert len(app.calls) == 1
-        assert teller.ledger.acknowledged(HandoffKind.KEYS_REVOKED, "t", 3, 5)
+        assert teller.state.ledger.acknowledged(HandoffKind.KEYS_REVOKED, "t", 3, 5)
     finally:
         await _close(teller)
         await runner.cleanup()

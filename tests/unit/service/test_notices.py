@@ -1,20 +1,47 @@
-"""AssignmentNotices in events mode: what an app reads of its rebalances, and when."""
+"""AssignmentNotices in events mode: what an app reads of its rebalances, and when.
+
+The notices are queued in the instance's ``ConsumeState`` (``NoticeQueue``), by the
+instance's rebalance listener as ``_Listener`` does here."""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 
 from sidecar.core.consume import TopicPartition
 from sidecar.core.handoff import AssignmentChange, AssignmentNotice
+from sidecar.service.consume_state import ConsumeState
 from sidecar.service.notices import AssignmentNotices
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 
 
-def _notices(*, enabled: bool = True) -> AssignmentNotices:
-    return AssignmentNotices(
-        "g", "i", enabled=enabled, callbacks=None, delivery_lock=asyncio.Lock()
-    )
+class _Listener:
+    """The notices of one instance, told as its rebalance listener tells them
+    (``ConsumerInstance.partitions_revoked`` and ``partitions_assigned``), with the
+    queue's own calls for a response."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.state = ConsumeState("g", "i", assignment_events=enabled)
+        self.telling = AssignmentNotices(self.state, None)
+        queue = self.state.notices
+        self.must_tell_assigned, self.take = queue.must_tell_assigned, queue.take
+        self.put_back, self.forget = queue.put_back, queue.forget
+
+    async def tell_revoked(self, partitions: Sequence[TopicPartition]) -> None:
+        notice = await self.telling.tell_revoked(partitions)
+        if notice is not None:
+            self.state.notices.queue(notice)
+
+    async def tell_assigned(self, partitions: Sequence[TopicPartition]) -> None:
+        if self.state.notices.enabled:
+            notice = await self.telling.tell_assigned(partitions)
+            if notice is not None:
+                self.state.notices.queue(notice)
+            self.state.notices.told_assigned(partitions)
+
+
+def _notices(*, enabled: bool = True) -> _Listener:
+    return _Listener(enabled=enabled)
 
 
 async def test_records_of_a_partition_wait_for_its_assigned_notice() -> None:

@@ -34,7 +34,8 @@ from sidecar.core.handoff import (
     Revocation,
     Subject,
 )
-from sidecar.core.positions import Fetch, Positions
+from sidecar.core.positions import Fetch
+from sidecar.service.consume_state import ConsumeState
 from sidecar.service.handoff import HandoffTeller
 from sidecar.service.offsets import Offsets
 from tests.unit.service import fakes
@@ -118,16 +119,14 @@ def _offsets(
     """The instance's commit path, with ``assigned`` given to it by the group."""
     store: Any = context.store
     client: Any = callbacks
-    fakes_of: Any = context
-    positions: Positions[ConsumedRecord] = Positions()
-    positions.follow(assigned, 1)
+    consumer: Any = context.consumer
+    state = ConsumeState("g", "i")
+    state.consumer = consumer
+    state.positions.follow(assigned, 1)
     return Offsets(
-        "g",
-        "i",
+        state,
         context.build(),
-        positions,
-        HandoffTeller("g", "i", store, client),
-        consumer=lambda: fakes_of.consumer,
+        HandoffTeller(state, store, client),
         callbacks=callbacks is not None,
     )
 
@@ -157,11 +156,11 @@ def _deliver(
 
 
 def _pending(offsets: Offsets) -> list[tuple[HandoffKind, Subject]]:
-    return [(e.kind, e.subject) for e in offsets.teller.ledger.pending.values()]
+    return [(e.kind, e.subject) for e in offsets.state.ledger.pending.values()]
 
 
 def _only_event(offsets: Offsets) -> HandoffEvent:
-    (event,) = offsets.teller.ledger.pending.values()
+    (event,) = offsets.state.ledger.pending.values()
     return event
 
 
