@@ -192,6 +192,21 @@ class SidecarMetrics:
             ["kind"],
             registry=r,
         )
+        self.consumer_truncations = Counter(
+            "sidecar_consumer_truncations_total",
+            "Times a consumer instance found the log cut below what it had read (an unclean "
+            "leader election, KIP-320) and read again from where the logs diverge, by group "
+            "and topic.",
+            ["group", "topic"],
+            registry=r,
+        )
+        self.consumer_truncated_records = Counter(
+            "sidecar_consumer_truncated_records_total",
+            "Records a consumer instance had read that the log no longer has (lost to an "
+            "unclean leader election), by group and topic.",
+            ["group", "topic"],
+            registry=r,
+        )
         self.commits = Counter(
             "sidecar_consumer_commits_total",
             "Offsets committed for consumer groups, by group and topic.",

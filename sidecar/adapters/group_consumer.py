@@ -25,6 +25,7 @@ from aiokafka.coordinator.protocol import (
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from sidecar.adapters import record_epochs
 from sidecar.adapters.kafka import consumer_settings
 from sidecar.adapters.offset_fetch import check_group_consumer
 from sidecar.config import KafkaSettings
@@ -139,6 +140,9 @@ class GroupConsumer:
         options: GroupConsumerOptions,
         assignor: type[AbstractPartitionAssignor],
     ) -> GroupConsumer:
+        # Its records carry their leader epochs (KIP-320: the position is validated
+        # after a leader change, ``sidecar.service.truncation_check``).
+        record_epochs.install()
         consumer = AIOKafkaConsumer(
             **consumer_settings(
                 settings,

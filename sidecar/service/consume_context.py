@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sidecar.adapters.callbacks import CallbackClient, CallbackMessage
 from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions
+from sidecar.adapters.kafka import OffsetAndEpoch
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.config import ConsumerSettings
 from sidecar.core.consume import ConsumedRecord, TopicPartition
@@ -66,6 +67,10 @@ class GroupOffsets(Protocol):
 
     async def log_start_offsets(self, topic: str, count: int) -> list[int]: ...
 
+    async def epoch_end_offsets(
+        self, topic: str, epochs: Mapping[int, int]
+    ) -> Mapping[int, OffsetAndEpoch | None]: ...
+
 
 class ConsumerMetrics:
     """The consume path's metrics, counted where the consume path knows them. Topics
@@ -109,6 +114,12 @@ class ConsumerMetrics:
         metrics = self.metrics
         group_label, topic = metrics.group_label(group), metrics.topic_label(tp.topic, exists=True)
         metrics.consumer_lag.labels(group_label, topic, str(tp.partition)).set(records)
+
+    def truncated(self, group: str, tp: TopicPartition, lost: int) -> None:
+        metrics = self.metrics
+        labels = (metrics.group_label(group), metrics.topic_label(tp.topic, exists=True))
+        metrics.consumer_truncations.labels(*labels).inc()
+        metrics.consumer_truncated_records.labels(*labels).inc(lost)
 
     def rebalanced(self, group: str) -> None:
         self.metrics.rebalances.labels(self.metrics.group_label(group)).inc()

@@ -15,15 +15,26 @@ from typing import Any
 from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.core.consume import ConsumedRecord
 from sidecar.core.positions import Fetch
+from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.consume_state import ConsumeState
+from sidecar.service.truncation_check import TruncationCheck
 
 _log = logging.getLogger(__name__)
 
 
 class Fetcher:
-    def __init__(self, state: ConsumeState, *, buffer_limit: int, grace_s: float) -> None:
+    def __init__(
+        self,
+        state: ConsumeState,
+        context: ConsumeContext,
+        *,
+        buffer_limit: int,
+        grace_s: float,
+    ) -> None:
         self.state = state
         """The instance's shared state: the fetcher feeds its ``positions``."""
+        self.truncations = TruncationCheck(state, context)
+        """Validates a fetch from a new leader before it is taken (KIP-320)."""
         self.buffer_limit = buffer_limit
         self.grace_s = grace_s
         """How much longer than its own timeout a poll waits for the consumer's fetch."""
@@ -56,7 +67,9 @@ class Fetcher:
         if not done:
             return
         fetching, self._fetching = self._fetching, None
-        for dropped in positions.take(fetching.result()):
+        fetched = fetching.result()
+        await self.truncations.validate(consumer, fetched)
+        for dropped in positions.take(fetched):
             _log.info(
                 "%s[%d]: fetch of %d..%d not taken, %s: the consumer reads them again from "
                 "its new position",
@@ -66,6 +79,7 @@ class Fetcher:
                 dropped.last,
                 dropped.reason,
             )
+        self.truncations.taken(fetched)
 
     async def _fetch(self, consumer: GroupConsumer, wait_s: float) -> Fetch[ConsumedRecord]:
         fetched = await consumer.fetch(timeout_ms=int(wait_s * 1000))

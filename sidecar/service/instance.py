@@ -109,6 +109,7 @@ class ConsumerInstance:
         )
         self.fetcher = Fetcher(
             self.state,
+            context,
             buffer_limit=context.settings.buffer_limit,
             grace_s=context.settings.fetch_grace_s,
         )

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sidecar.adapters.group_consumer import Fetched
+from sidecar.adapters.kafka import OffsetAndEpoch
 from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
@@ -103,6 +104,12 @@ class Offsets:
     async def log_start_offsets(self, topic: str, count: int) -> list[int]:
         return [0] * count
 
+    async def epoch_end_offsets(
+        self, topic: str, epochs: Mapping[int, int]
+    ) -> dict[int, OffsetAndEpoch | None]:
+        """No log was cut: every epoch asked about ends past any position."""
+        return {partition: OffsetAndEpoch(2**62, epoch) for partition, epoch in epochs.items()}
+
 
 class Registry:
     def __init__(self, *runtimes: Any) -> None:
@@ -124,6 +131,7 @@ class Metrics:
         self.commits = 0
         self.rebalances = 0
         self.rebalance_requests = 0
+        self.truncations: list[tuple[TopicPartition, int]] = []
 
     def delivered(self, tp: TopicPartition, records: Sequence[Any], managed: bool) -> None:
         if records:
@@ -146,6 +154,9 @@ class Metrics:
 
     def rebalanced(self, group: str) -> None:
         self.rebalances += 1
+
+    def truncated(self, group: str, tp: TopicPartition, lost: int) -> None:
+        self.truncations.append((tp, lost))
 
     def rebalance_requested(self, group: str) -> None:
         self.rebalance_requests += 1

@@ -1,0 +1,186 @@
+"""KIP-320 for the consumers: a fetch from a partition's new leader is validated before
+it is taken.
+
+After an unclean leader election a partition's log can be cut below what a consumer
+instance has read, and the offsets from there are reused by records written after the
+loss. Kafka's own consumer validates its position after every leader change; aiokafka
+0.14 does not: it goes on fetching from its position (skipping what was written at the
+reused offsets below it) or, past the log end, resets by ``auto.offset.reset``. And the
+positions model takes records only above what it holds, so records coming again from
+below would be taken for ones already read.
+
+So, per partition and reading, this remembers the position after the last record taken
+and that record's leader epoch (``adapters.record_epochs``). Before a fetch is taken,
+a partition whose records come from a newer leader epoch, or start below that position
+(aiokafka reset it), is validated: the current leader says where the remembered epoch
+ends (OffsetForLeaderEpoch), and ``core.truncation.consumer_truncation`` decides. A
+position the log no longer reaches is moved back to where the logs diverge, a seek of
+the instance's own: the fetch's records of the partition are then dropped, the records
+buffered above it are never released (the log no longer has them), and reading resumes
+there, so nothing written after the loss is skipped. It is logged and counted
+(``sidecar_consumer_truncations_total``, ``sidecar_consumer_truncated_records_total``).
+
+A clean leader change costs one OffsetForLeaderEpoch request per partition and changes
+nothing. Not covered: a reading that starts from the group's committed offset has no
+epoch to validate until its first record (commits do not carry the leader epoch yet).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sidecar.adapters.group_consumer import GroupConsumer
+from sidecar.adapters.record_epochs import NO_EPOCH, leader_epoch_of
+from sidecar.core.consume import ConsumedRecord, TopicPartition
+from sidecar.core.errors import SidecarError
+from sidecar.core.positions import Fetch
+from sidecar.core.truncation import ConsumerTruncation, consumer_truncation
+from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.consume_state import ConsumeState
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LastRead:
+    """The last record taken from a partition in one reading: the position after it and
+    its leader epoch."""
+
+    incarnation: int
+    seek_stamp: int
+    position: int
+    leader_epoch: int
+
+
+class TruncationCheck:
+    def __init__(self, state: ConsumeState, context: ConsumeContext) -> None:
+        self.state = state
+        """The instance's shared state: its ``positions`` say which reading is current,
+        and a truncation moves them."""
+        self.context = context
+        self._last: dict[TopicPartition, LastRead] = {}
+
+    def _current(self, tp: TopicPartition) -> LastRead | None:
+        """What was last read of ``tp`` in its current reading (None: nothing yet)."""
+        last = self._last.get(tp)
+        reading = self.state.positions.get(tp)
+        if last is None or reading is None:
+            return None
+        if (last.incarnation, last.seek_stamp) != (reading.incarnation, reading.seek_stamp):
+            return None
+        return last
+
+    def to_validate(self, fetch: Fetch[ConsumedRecord]) -> dict[TopicPartition, LastRead]:
+        """The partitions of ``fetch`` to validate before it is taken, with what was read
+        of them: records of a newer leader epoch than the last read, or starting below
+        its position (the consumer's position was reset)."""
+        asked: dict[TopicPartition, LastRead] = {}
+        for tp, records in fetch.batches.items():
+            last = self._current(tp) if records else None
+            if last is None or last.leader_epoch == NO_EPOCH:
+                continue
+            # A partition's records come in offset order, so epochs never decrease.
+            if leader_epoch_of(records[-1]) > last.leader_epoch or (
+                records[0].offset < last.position
+            ):
+                asked[tp] = last
+        return asked
+
+    async def validate(self, consumer: GroupConsumer, fetch: Fetch[ConsumedRecord]) -> None:
+        """Before ``fetch`` is taken: move back every partition whose log was cut below
+        what was read (its records in ``fetch`` are then not taken). A partition whose
+        leader cannot be asked now is read again from what was delivered, and validated
+        by that fetch. Raises nothing."""
+        by_topic: dict[str, dict[int, LastRead]] = {}
+        for tp, last in self.to_validate(fetch).items():
+            by_topic.setdefault(tp.topic, {})[tp.partition] = last
+        for topic, partitions in by_topic.items():
+            epochs = {partition: last.leader_epoch for partition, last in partitions.items()}
+            try:
+                ends = await self.context.offsets.epoch_end_offsets(topic, epochs)
+            except SidecarError as exc:
+                _log.info("positions in %s not validated, read again: %s", topic, exc.message)
+                for partition, last in partitions.items():
+                    await self._read_again(consumer, TopicPartition(topic, partition), last, None)
+                continue
+            for partition, last in partitions.items():
+                end = ends.get(partition)
+                found = consumer_truncation(
+                    last.position, last.leader_epoch, None if end is None else end.offset
+                )
+                if found is not None:
+                    await self._read_again(consumer, TopicPartition(topic, partition), last, found)
+
+    async def _read_again(
+        self,
+        consumer: GroupConsumer,
+        tp: TopicPartition,
+        last: LastRead,
+        found: ConsumerTruncation | None,
+    ) -> None:
+        """A seek of the instance's own: from where the logs diverge (``found``), or, when
+        the leader could not be asked, from what was delivered, the same validation
+        then due again. Never past a record not delivered that the log still has."""
+        # The request to the leader awaited: the partition may have been revoked or
+        # sought meanwhile, and then its new reading starts elsewhere anyway.
+        if self._current(tp) is not last or consumer.incarnation() != last.incarnation:
+            return
+        positions = self.state.positions
+        delivered = positions[tp].delivered
+        positions.begin_seek(tp, last.incarnation)
+        if found is not None and found.resume_at is None:
+            # The leader knows no epoch that old: where the logs diverge is not known, so
+            # the whole log is read again rather than anything skipped.
+            await consumer.seek_to([tp], beginning=True)
+            target = await consumer.position(tp)
+        else:
+            below = [] if delivered is None else [delivered]
+            if found is not None and found.resume_at is not None:
+                below.append(found.resume_at)
+            # Buffered records below the divergence are still in the log: read again.
+            target = min(below, default=last.position)
+            consumer.seek(tp, target)
+        positions.seek_landed(tp, target)
+        if found is None:
+            reading = positions[tp]
+            self._last[tp] = LastRead(
+                reading.incarnation, reading.seek_stamp, last.position, last.leader_epoch
+            )
+            return
+        # Read (delivered, or buffered and now dropped) and no longer in the log; not
+        # known when the leader knows no epoch that old (the whole log is read again).
+        lost = found.lost if found.lost is not None else 0
+        lost_delivered = (
+            0 if found.lost is None or delivered is None else max(0, delivered - target)
+        )
+        self.context.metrics.truncated(self.state.group, tp, lost)
+        _log.warning(
+            "%s[%d]: the log was cut below what %s/%s had read (leader epoch %d ends at %s, "
+            "position %d): %d record(s) read, %d of them delivered, are no longer in the "
+            "log; reading again from offset %d",
+            tp.topic,
+            tp.partition,
+            self.state.group,
+            self.state.instance_id,
+            found.leader_epoch,
+            "an unknown offset" if found.resume_at is None else found.resume_at,
+            found.position,
+            lost,
+            lost_delivered,
+            target,
+        )
+
+    def taken(self, fetch: Fetch[ConsumedRecord]) -> None:
+        """After ``fetch`` was taken: remember the last record held of each partition."""
+        for tp in fetch.batches:
+            reading = self.state.positions.get(tp)
+            if reading is None or not reading.buffer:
+                continue
+            newest = reading.buffer[-1]
+            self._last[tp] = LastRead(
+                reading.incarnation,
+                reading.seek_stamp,
+                newest.offset + 1,
+                leader_epoch_of(newest),
+            )

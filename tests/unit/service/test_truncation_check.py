@@ -1,0 +1,271 @@
+"""KIP-320 for the consumers: a fetch from a new leader is validated before it is taken.
+
+A real instance (positions, fetcher, release) over a fake group consumer whose records
+carry leader epochs, and a fake leader that answers OffsetForLeaderEpoch. The log of
+partition ``TP``: offsets 0..9 written in leader epoch 1; then an unclean election makes
+a replica that had only 0..6 leader in epoch 2, and new records take offsets 7.. there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+from aiokafka.structs import ConsumerRecord
+
+from sidecar.adapters.group_consumer import Fetched
+from sidecar.adapters.kafka import OffsetAndEpoch
+from sidecar.config import ConsumerSettings
+from sidecar.core.consume import TopicPartition
+from sidecar.core.errors import KafkaUnavailable
+from sidecar.service.instance import ConsumerInstance, InstanceConfig
+from tests.unit.service import fakes
+
+TP = TopicPartition("t", 0)
+
+
+def record(offset: int, epoch: int, value: bytes) -> ConsumerRecord[bytes, bytes]:
+    fetched = ConsumerRecord("t", 0, offset, 0, 0, b"k", value, None, 1, 1, [])
+    fetched.leader_epoch = epoch  # as record_epochs sets it
+    return fetched
+
+
+class Log:
+    """One partition's log on its current leader, with the leader's epoch cache."""
+
+    def __init__(self) -> None:
+        self.records = [record(o, 1, b"old") for o in range(10)]
+        self.epoch_starts = [(1, 0)]
+
+    def unclean_election(self, kept: int, epoch: int, new: int) -> None:
+        del self.records[kept:]
+        self.epoch_starts = [(e, s) for e, s in self.epoch_starts if s < kept]
+        self.epoch_starts.append((epoch, kept))
+        self.records += [record(kept + i, epoch, b"new") for i in range(new)]
+
+    def clean_election(self, epoch: int, new: int) -> None:
+        self.epoch_starts.append((epoch, len(self.records)))
+        end = len(self.records)
+        self.records += [record(end + i, epoch, b"new") for i in range(new)]
+
+    def end_of(self, asked: int) -> OffsetAndEpoch | None:
+        known = [(e, s) for e, s in self.epoch_starts if e <= asked]
+        if not known:
+            return None
+        epoch = known[-1][0]
+        later = [s for e, s in self.epoch_starts if e > epoch]
+        return OffsetAndEpoch(later[0] if later else len(self.records), epoch)
+
+
+class Consumer:
+    """The group consumer: reads ``log`` from ``at``, ``batch`` records a fetch; past the
+    log end it resets to the beginning, as aiokafka does with auto.offset.reset earliest
+    (``reset`` "earliest"), or goes to the end ("latest")."""
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.at = 0
+        self.batch = 100
+        self.reset = "earliest"
+        self.sought: list[int] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TP}
+
+    def incarnation(self) -> int:
+        return 1
+
+    def fetch_position(self, tp: TopicPartition) -> int | None:
+        return self.at
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.at = offset
+        self.sought.append(offset)
+
+    async def seek_to(self, partitions: Iterable[TopicPartition], *, beginning: bool) -> None:
+        self.seek(TP, 0 if beginning else len(self.log.records))
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.at
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        pass
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        pass
+
+    async def fetch(self, timeout_ms: int) -> Fetched:
+        await asyncio.sleep(0)
+        if self.at > len(self.log.records):  # OFFSET_OUT_OF_RANGE
+            self.at = 0 if self.reset == "earliest" else len(self.log.records)
+        taken = self.log.records[self.at : self.at + self.batch]
+        if taken:
+            self.at = taken[-1].offset + 1
+        return Fetched(1, {TP: taken} if taken else {}, {TP: self.at})
+
+
+class Leader:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.asked: list[dict[int, int]] = []
+        self.away = False
+
+    async def epoch_end_offsets(
+        self, topic: str, epochs: Mapping[int, int]
+    ) -> dict[int, OffsetAndEpoch | None]:
+        self.asked.append(dict(epochs))
+        if self.away:
+            raise KafkaUnavailable("no leader")
+        return {partition: self.log.end_of(epoch) for partition, epoch in epochs.items()}
+
+
+class Setup:
+    def __init__(self) -> None:
+        self.log = Log()
+        self.leader = Leader(self.log)
+        self.metrics = fakes.Metrics()
+        context: Any = SimpleNamespace(
+            settings=ConsumerSettings(),
+            store=SimpleNamespace(),
+            metrics=self.metrics,
+            offsets=self.leader,
+        )
+        self.instance = ConsumerInstance(
+            InstanceConfig(group="g", name="i", format="binary"), context, instance_key="s-i"
+        )
+        self.consumer = Consumer(self.log)
+        fake: Any = self.consumer
+        self.instance.state.consumer = fake
+        self.delivered: list[tuple[int, bytes | None]] = []
+
+    async def poll(self, deliver: int | None = None) -> None:
+        """One fetch into the positions model, then up to ``deliver`` records (all if
+        None) released and sent to the app."""
+        fake: Any = self.consumer
+        await self.instance.fetcher.fetch(fake, 0.01)
+        positions = self.instance.partitions
+        state = positions.get(TP)
+        count = 0
+        while state is not None and state.buffer and (deliver is None or count < deliver):
+            taken = positions.release(TP)
+            self.delivered.append((taken.offset, taken.value))
+            count += 1
+        positions.sent()
+
+
+def expected_after_loss(kept: int, new: int) -> list[tuple[int, bytes | None]]:
+    return [(o, b"new") for o in range(kept, kept + new)]
+
+
+async def test_an_unclean_election_below_the_position_is_found_and_read_again_from_it() -> None:
+    s = Setup()
+    await s.poll()
+    assert s.delivered == [(o, b"old") for o in range(10)]
+    s.log.unclean_election(kept=7, epoch=2, new=6)  # offsets 7..12 now hold new records
+    await s.poll()  # aiokafka fetches 10..12 of the new log: validated first, not taken
+    assert s.leader.asked == [{0: 1}]
+    assert s.consumer.sought == [7]
+    assert s.metrics.truncations == [(TP, 3)]
+    await s.poll()
+    # Nothing written after the loss is skipped: 7..12 of the new log, in order.
+    assert s.delivered[10:] == expected_after_loss(7, 6)
+
+
+async def test_a_reset_to_the_beginning_is_validated_and_read_again_from_the_divergence() -> None:
+    s = Setup()
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=0)
+    await s.poll()  # past the end: nothing yet (aiokafka resets on its next fetch)
+    s.log.clean_election(epoch=3, new=0)
+    s.log.records += [record(7 + i, 3, b"new") for i in range(2)]
+    s.consumer.reset = "earliest"
+    await s.poll()  # from 0: below the position, so validated before it is taken
+    assert s.consumer.sought == [7]
+    await s.poll()
+    assert s.delivered[10:] == expected_after_loss(7, 2)
+
+
+async def test_a_reset_to_the_end_skips_nothing_written_after_the_loss() -> None:
+    s = Setup()
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=0)
+    s.consumer.reset = "latest"
+    await s.poll()
+    s.log.records += [record(7 + i, 2, b"new") for i in range(5)]
+    await s.poll()  # at 12 after the reset: 12.. only (none yet), then records of epoch 2
+    s.log.records += [record(12, 2, b"new")]
+    await s.poll()
+    await s.poll()
+    assert s.delivered[10:] == expected_after_loss(7, 6)
+
+
+async def test_a_clean_leader_change_is_validated_once_and_changes_nothing() -> None:
+    s = Setup()
+    await s.poll()
+    s.log.clean_election(epoch=2, new=4)
+    await s.poll()
+    await s.poll()
+    assert s.leader.asked == [{0: 1}]
+    assert s.consumer.sought == []
+    assert s.metrics.truncations == []
+    assert s.delivered == [(o, b"old") for o in range(10)] + [(o, b"new") for o in range(10, 14)]
+
+
+async def test_records_buffered_below_the_divergence_are_read_again_not_dropped() -> None:
+    s = Setup()
+    await s.poll(deliver=4)  # 0..3 delivered, 4..9 buffered
+    s.log.unclean_election(kept=7, epoch=2, new=4)
+    await s.poll(deliver=0)
+    # Back to what was delivered (4), not to the divergence (7): 4..6 are still there;
+    # 7..9 buffered are gone from the log and are never delivered.
+    assert s.consumer.sought == [4]
+    assert s.metrics.truncations == [(TP, 3)]
+    await s.poll()
+    assert s.delivered == [(o, b"old") for o in range(7)] + expected_after_loss(7, 4)
+
+
+async def test_a_new_log_ending_at_the_position_is_found_with_its_next_record() -> None:
+    # Validation follows the records: nothing comes from the new leader while its log
+    # ends where the consumer stands, and its first record there triggers it.
+    s = Setup()
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=3)  # 7..9 again: the log ends at 10
+    await s.poll()
+    assert s.leader.asked == []
+    s.log.records.append(record(10, 2, b"new"))
+    await s.poll()
+    await s.poll()
+    assert s.consumer.sought == [7]
+    assert s.delivered[10:] == expected_after_loss(7, 4)
+
+
+async def test_a_leader_that_cannot_be_asked_holds_the_fetch_until_it_can() -> None:
+    s = Setup()
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=6)
+    s.leader.away = True
+    await s.poll()
+    await s.poll()
+    # Read again from what was delivered, and validated again each time: nothing of
+    # the new leader's log is taken unvalidated.
+    assert s.delivered == [(o, b"old") for o in range(10)]
+    assert s.consumer.sought == [10, 10]
+    s.leader.away = False
+    await s.poll()
+    await s.poll()
+    assert s.consumer.sought == [10, 10, 7]
+    assert s.delivered[10:] == expected_after_loss(7, 6)
+
+
+async def test_a_leader_knowing_no_epoch_that_old_has_the_partition_read_from_its_start() -> None:
+    s = Setup()
+    await s.poll()
+    s.log.records = [record(o, 5, b"new") for o in range(4)]
+    s.log.epoch_starts = [(5, 0)]
+    await s.poll()
+    assert s.consumer.sought == [0]
+    assert s.metrics.truncations == [(TP, 0)]
+    await s.poll()
+    assert s.delivered[10:] == [(o, b"new") for o in range(4)]
