@@ -32,6 +32,11 @@ across partitions and generations):
 ``truncation_confirmed``  topic, boundaries: the lost boundaries an operator confirmed
                     (``sidecar topics confirm-truncation``), after which the topic
                     changes again
+``consumer_truncated``  group, instance, topic, partition, position, leader_epoch,
+                    resume_at (null: the leader knew no epoch that old), lost: a consumer
+                    instance found the log cut below what it had read (KIP-320) and reads
+                    again from ``resume_at``; the records it delivers at offsets from there
+                    are new ones, not repeats
 
 Record events (``produce_acked``, ``delivered``) are sampled by key hash
 (``audit.sample_rate``) so that a sampled key's history is complete; the others are
@@ -204,6 +209,31 @@ def boundary_truncated(
 def truncation_confirmed(*, topic: str, boundaries: list[dict[str, int | None]]) -> Event:
     """An operator confirmed these lost boundaries: the topic changes again."""
     return {"type": "truncation_confirmed", "topic": topic, "boundaries": boundaries}
+
+
+def consumer_truncated(
+    *,
+    group: str,
+    instance: str,
+    topic: str,
+    partition: int,
+    position: int,
+    leader_epoch: int,
+    resume_at: int | None,
+    lost: int,
+) -> Event:
+    """A consumer instance found its partition's log cut below what it had read."""
+    return {
+        "type": "consumer_truncated",
+        "group": group,
+        "instance": instance,
+        "topic": topic,
+        "partition": partition,
+        "position": position,
+        "leader_epoch": leader_epoch,
+        "resume_at": resume_at,
+        "lost": lost,
+    }
 
 
 def stamped(event: Event, *, sidecar: str, seq: int, now: float | None = None) -> Event:

@@ -18,7 +18,8 @@ position the log no longer reaches is moved back to where the logs diverge, a se
 the instance's own: the fetch's records of the partition are then dropped, the records
 buffered above it are never released (the log no longer has them), and reading resumes
 there, so nothing written after the loss is skipped. It is logged and counted
-(``sidecar_consumer_truncations_total``, ``sidecar_consumer_truncated_records_total``).
+(``sidecar_consumer_truncations_total``, ``sidecar_consumer_truncated_records_total``)
+and sent as a ``consumer_truncated`` audit event.
 
 A clean leader change costs one OffsetForLeaderEpoch request per partition and changes
 nothing. Not covered: a reading that starts from the group's committed offset has no
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.adapters.record_epochs import NO_EPOCH, leader_epoch_of
+from sidecar.audit import events as audit_events
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import SidecarError
 from sidecar.core.positions import Fetch
@@ -155,6 +157,18 @@ class TruncationCheck:
             0 if found.lost is None or delivered is None else max(0, delivered - target)
         )
         self.context.metrics.truncated(self.state.group, tp, lost)
+        self.context.audit.emit(
+            audit_events.consumer_truncated(
+                group=self.state.group,
+                instance=self.state.instance_id,
+                topic=tp.topic,
+                partition=tp.partition,
+                position=found.position,
+                leader_epoch=found.leader_epoch,
+                resume_at=found.resume_at,
+                lost=lost,
+            )
+        )
         _log.warning(
             "%s[%d]: the log was cut below what %s/%s had read (leader epoch %d ends at %s, "
             "position %d): %d record(s) read, %d of them delivered, are no longer in the "

@@ -126,11 +126,13 @@ class Setup:
         self.log = Log()
         self.leader = Leader(self.log)
         self.metrics = fakes.Metrics()
+        self.audit = fakes.Audit()
         context: Any = SimpleNamespace(
             settings=ConsumerSettings(),
             store=SimpleNamespace(),
             metrics=self.metrics,
             offsets=self.leader,
+            audit=self.audit,
         )
         self.instance = ConsumerInstance(
             InstanceConfig(group="g", name="i", format="binary"), context, instance_key="s-i"
@@ -168,6 +170,19 @@ async def test_an_unclean_election_below_the_position_is_found_and_read_again_fr
     assert s.leader.asked == [{0: 1}]
     assert s.consumer.sought == [7]
     assert s.metrics.truncations == [(TP, 3)]
+    assert s.audit.events == [
+        {
+            "type": "consumer_truncated",
+            "group": "g",
+            "instance": "i",
+            "topic": "t",
+            "partition": 0,
+            "position": 10,
+            "leader_epoch": 1,
+            "resume_at": 7,
+            "lost": 3,
+        }
+    ]
     await s.poll()
     # Nothing written after the loss is skipped: 7..12 of the new log, in order.
     assert s.delivered[10:] == expected_after_loss(7, 6)
@@ -210,6 +225,7 @@ async def test_a_clean_leader_change_is_validated_once_and_changes_nothing() -> 
     assert s.leader.asked == [{0: 1}]
     assert s.consumer.sought == []
     assert s.metrics.truncations == []
+    assert s.audit.events == []
     assert s.delivered == [(o, b"old") for o in range(10)] + [(o, b"new") for o in range(10, 14)]
 
 
