@@ -202,8 +202,9 @@ class SidecarMetrics:
         )
         self.consumer_truncated_records = Counter(
             "sidecar_consumer_truncated_records_total",
-            "Records a consumer instance had read that the log no longer has (lost to an "
-            "unclean leader election), by group and topic.",
+            "Offsets a consumer instance had read that the log no longer has (lost to an "
+            "unclean leader election): its records and the transaction markers among them, "
+            "by group and topic.",
             ["group", "topic"],
             registry=r,
         )

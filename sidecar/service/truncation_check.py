@@ -153,8 +153,9 @@ class TruncationCheck:
         # Read (delivered, or buffered and now dropped) and no longer in the log; not
         # known when the leader knows no epoch that old (the whole log is read again).
         lost = found.lost if found.lost is not None else 0
+        # ``delivered`` may stand past a transaction marker that ``lost`` does not count.
         lost_delivered = (
-            0 if found.lost is None or delivered is None else max(0, delivered - target)
+            0 if found.lost is None or delivered is None else min(lost, max(0, delivered - target))
         )
         self.context.metrics.truncated(self.state.group, tp, lost)
         self.context.audit.emit(
@@ -171,7 +172,7 @@ class TruncationCheck:
         )
         _log.warning(
             "%s[%d]: the log was cut below what %s/%s had read (leader epoch %d ends at %s, "
-            "position %d): %d record(s) read, %d of them delivered, are no longer in the "
+            "position %d): %d offset(s) read, %d of them delivered, are no longer in the "
             "log; reading again from offset %d",
             tp.topic,
             tp.partition,
