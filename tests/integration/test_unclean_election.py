@@ -25,8 +25,16 @@ where its log ends; ``sidecar_truncated_boundaries`` counts the lost boundary;
 ``sidecar topics confirm-truncation --yes`` confirms it and the change then goes
 through; a second confirmation finds nothing (409, 40951); the sidecar keeps serving the
 topic throughout, within ``SERVE_BOUND_S``: produce after the election, produce and
-consume after the change. The records acknowledged in step 2 are gone, and nothing
-delivers them: consumers do not check their positions against leader epochs.
+consume after the change. The records acknowledged in step 2 are gone, and a group that
+starts after the loss cannot know of them.
+
+The second test keeps a consumer instance reading partition 1 through steps 1-5, with no
+change: it has delivered the records of step 2 when F takes over, and its position lies
+above where F's log ends. Checked: it validates its position against F
+(OffsetForLeaderEpoch, KIP-320), reads again from where the logs diverge, delivers every
+record written after the election (none is skipped at the reused offsets) and counts the
+loss (``sidecar_consumer_truncations_total``, and the offsets read then lost in
+``sidecar_consumer_truncated_records_total``).
 """
 
 from __future__ import annotations
@@ -369,3 +377,128 @@ async def _consume_until(
     finally:
         await consumer.delete()
     return time.monotonic() - began, counts
+
+
+async def _counter(sidecar: RunningSidecar, name: str, topic: str) -> float:
+    """The sum of ``name``'s samples of ``topic`` (any group label)."""
+    async with sidecar.http.get("/metrics") as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and f'topic="{topic}"' in line
+    )
+
+
+async def test_a_consumer_past_an_unclean_election_reads_again_from_the_divergence(
+    cluster: ClusterEndpoints, gateway: KafkaGateway
+) -> None:
+    servers = local_servers(cluster)
+    if len(servers.node_ids()) < 3:
+        pytest.skip("needs three brokers: one to keep while a leader and a follower stop")
+    topic = unique("unclean-read")
+    kept = keys_for(LOST, (2,), 4, "kept")
+    lost = keys_for(LOST, (2,), 4, "lost")
+    reused = keys_for(LOST, (2,), 4, "reused")
+    stopped: list[int] = []
+    written: Counter[str] = Counter()
+    delivered: Counter[str] = Counter()
+    began = time.monotonic()
+    try:
+        async with running_sidecars(cluster, 1) as (sidecar,):
+            await sidecar.create_topic(
+                topic, INITIAL_COUNT, replication_factor=2, configs=TOPIC_CONFIGS
+            )
+            # Assigned, not subscribed: no group coordinator (which may live on a broker
+            # the test stops) can rebalance the reading away while the leaders change.
+            consumer = await create_consumer(
+                sidecar, unique("group"), "reader", **{"consumer.request.timeout.ms": 500}
+            )
+
+            async def read_until(wanted: dict[str, int], within_s: float) -> None:
+                deadline = time.monotonic() + within_s
+                while any(delivered[tag] < count for tag, count in wanted.items()):
+                    assert time.monotonic() < deadline, f"delivered {delivered} of {wanted}"
+                    records, _ = await consumer.poll(timeout_ms=500)
+                    for record in records:
+                        _, value = decoded(record)
+                        assert value is not None
+                        delivered[json.loads(value)["tag"]] += 1
+
+            try:
+                await consumer.assign((topic, LOST))
+                await _write(sidecar, topic, kept, "kept", written)
+
+                async def in_sync() -> bool:
+                    info = await _partition(gateway, topic, LOST)
+                    return info is not None and len(info.in_sync) == 2
+
+                await eventually(in_sync, 30, f"both replicas of partition {LOST} in sync")
+                await eventually(
+                    lambda: _settled(gateway, topic, INITIAL_COUNT), 30, "no open transaction"
+                )
+                info = await _partition(gateway, topic, LOST)
+                assert info is not None
+                leader = info.leader
+                [follower] = [r for r in info.replicas if r != leader]
+                reaches = (await gateway.end_offsets(topic, INITIAL_COUNT))[LOST]
+
+                # F stops; records acknowledged by L alone are read by the instance.
+                stopped.append(follower)
+                await asyncio.to_thread(servers.stop_broker, follower)
+
+                async def follower_out() -> bool:
+                    now = await _partition(gateway, topic, LOST)
+                    return now is not None and now.in_sync == (leader,)
+
+                await eventually(follower_out, 60, f"broker {follower} out of the ISR")
+                for _ in range(3):
+                    await _write(sidecar, topic, lost, "lost", written)
+                await read_until(dict(written), SERVE_BOUND_S)
+                await eventually(
+                    lambda: _settled(gateway, topic, INITIAL_COUNT), 30, "no open transaction"
+                )
+                # Where the instance stands: past the last commit marker of what it read.
+                position = (await gateway.end_offsets(topic, INITIAL_COUNT))[LOST]
+                assert await _counter(sidecar, "sidecar_consumer_truncations_total", topic) == 0
+
+                # L stops, F comes back alone and is elected uncleanly; the log now ends
+                # below the instance's position.
+                stopped.append(leader)
+                await asyncio.to_thread(servers.stop_broker, leader)
+                await asyncio.to_thread(servers.start_broker, follower)
+                stopped.remove(follower)
+
+                async def follower_leads() -> bool:
+                    now = await _partition(gateway, topic, LOST)
+                    return now is not None and now.leader == follower
+
+                await eventually(
+                    follower_leads, ELECTION_WITHIN_S, f"broker {follower} leading {LOST}"
+                )
+                assert (await gateway.end_offsets(topic, INITIAL_COUNT))[LOST] == reaches
+
+                # F's log grows past where the instance stood, at the reused offsets.
+                while (await gateway.end_offsets(topic, INITIAL_COUNT))[LOST] <= position:
+                    await _write_within(sidecar, topic, reused, "reused", written, SERVE_BOUND_S)
+                elected = time.monotonic()
+                await read_until({"reused": written["reused"]}, SERVE_BOUND_S)
+                took = time.monotonic() - elected
+                assert delivered["reused"] == written["reused"], (delivered, written)
+                truncations = await _counter(sidecar, "sidecar_consumer_truncations_total", topic)
+                assert truncations == 1
+                truncated = await _counter(
+                    sidecar, "sidecar_consumer_truncated_records_total", topic
+                )
+                # Offsets read that the log no longer has: the records and the markers
+                # among them (the marker after the last record read is not counted).
+                assert written["lost"] <= truncated < position - reaches, (truncated, position)
+            finally:
+                await consumer.delete()
+    finally:
+        await _restart_stopped(servers, stopped)
+    print(
+        f"leader {leader}, follower {follower}: log reached {reaches}; {written['lost']} "
+        f"read, then lost; every record after the election delivered {took:.1f} s after "
+        f"the log passed the old position; {time.monotonic() - began:.0f} s in all"
+    )
