@@ -23,6 +23,11 @@ The kinds (see docs/audit.md for the reasoning):
                             not removed
 ``unaudited_delivery``      a delivered record without the sidecar's headers: written by
                             a producer that bypassed the sidecars
+``consumer_truncated``      a consumer instance found the log cut below what it had read
+                            (an unclean leader election): the records it read from
+                            ``offset`` on are no longer in the log. Kafka lost them, not
+                            the sidecar; the deliveries of the records the log then wrote
+                            at those offsets are not duplicates
 """
 
 from __future__ import annotations
@@ -37,7 +42,16 @@ NONMONOTONIC = "nonmonotonic"
 WRITTEN_ACROSS_BARRIER = "written_across_barrier"
 GATE_EVIDENCE = "gate_evidence"
 UNAUDITED_DELIVERY = "unaudited_delivery"
-KINDS = (LOST, DUPLICATE, NONMONOTONIC, WRITTEN_ACROSS_BARRIER, GATE_EVIDENCE, UNAUDITED_DELIVERY)
+CONSUMER_TRUNCATED = "consumer_truncated"
+KINDS = (
+    LOST,
+    DUPLICATE,
+    NONMONOTONIC,
+    WRITTEN_ACROSS_BARRIER,
+    GATE_EVIDENCE,
+    UNAUDITED_DELIVERY,
+    CONSUMER_TRUNCATED,
+)
 
 # Duplicate details.
 SAME_INSTANCE = "same_instance"
@@ -234,6 +248,33 @@ def duplicates(events: DataFrame) -> DataFrame:
         & (F.col("incarnation") == F.col("first_incarnation"))
         & (F.col("instance") == F.col("first_instance"))
     )
+    # The log was cut below what the group had read and then wrote other records at
+    # those offsets: delivering those is not delivering a record again.
+    cuts = _of_type(events, "consumer_truncated").select(
+        "group",
+        "topic",
+        "partition",
+        F.col("resume_at").alias("_cut_from"),
+        F.col("position").alias("_cut_to"),
+        F.col("time").alias("_cut_at"),
+    )
+    reused = (
+        again.alias("d")
+        .join(
+            cuts.alias("c"),
+            (F.col("d.group") == F.col("c.group"))
+            & (F.col("d.topic") == F.col("c.topic"))
+            & (F.col("d.partition") == F.col("c.partition"))
+            & (F.col("d.offset") >= F.col("c._cut_from"))
+            & (F.col("d.offset") < F.col("c._cut_to"))
+            & (F.col("d.time") > F.col("c._cut_at")),
+            "left_semi",
+        )
+        .select("group", "topic", "partition", "offset", "time", "sidecar", "seq")
+    )
+    again = again.join(
+        reused, ["group", "topic", "partition", "offset", "time", "sidecar", "seq"], "left_anti"
+    )
     cause = (
         F.when(same_instance, F.lit(SAME_INSTANCE))
         .when(F.col("instance_started") > F.col("first_time"), F.lit(AFTER_RESTART))
@@ -353,6 +394,25 @@ def unaudited_deliveries(events: DataFrame) -> DataFrame:
     return _anomalies(bare, UNAUDITED_DELIVERY, detail)
 
 
+# consumer_truncated -----------------------------------------------------------------
+
+
+def consumer_truncations(events: DataFrame) -> DataFrame:
+    """Each time a consumer instance found the log cut below what it had read."""
+    cut = _of_type(events, "consumer_truncated").withColumn(
+        "offset", F.coalesce(F.col("resume_at"), F.lit(0))
+    )
+    detail = F.format_string(
+        "leader epoch %d ends at %s, below the position %d: %d offset(s) read are no longer "
+        "in the log (an unclean leader election); read again from there",
+        F.col("leader_epoch"),
+        F.coalesce(F.col("resume_at").cast("string"), F.lit("an unknown offset")),
+        F.col("position"),
+        F.col("lost"),
+    )
+    return _anomalies(cut, CONSUMER_TRUNCATED, detail)
+
+
 def anomalies(events: DataFrame) -> DataFrame:
     """Every anomaly of every kind, with ``ANOMALY_SCHEMA``'s columns."""
     found = lost(events)
@@ -362,6 +422,7 @@ def anomalies(events: DataFrame) -> DataFrame:
         written_across_barrier,
         gate_evidence,
         unaudited_deliveries,
+        consumer_truncations,
     ):
         found = found.unionByName(check(events))
     return found

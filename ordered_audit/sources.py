@@ -67,6 +67,11 @@ EVENT_SCHEMA = StructType(
         StructField("phase", StringType()),
         StructField("coordinator", StringType()),
         StructField("result", StringType()),
+        # consumer_truncated.
+        StructField("position", LongType()),
+        StructField("leader_epoch", LongType()),
+        StructField("resume_at", LongType()),
+        StructField("lost", LongType()),
     ]
 )
 EVENT_COLUMNS = tuple(field.name for field in EVENT_SCHEMA.fields)

@@ -10,7 +10,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ordered_audit import checks
 from ordered_audit.sources import events_from_dicts
+from sidecar.audit import events as audit_events
 from tests.audit.history import (
+    CONSUMER,
     GROUP,
     KEYS,
     TOPIC,
@@ -283,3 +285,39 @@ def test_incarnations_follow_seq_resets(spark: SparkSession) -> None:
         .collect()
     )
     assert [(r["incarnation"], r["count"]) for r in rows][1:] == [(1, 1), (2, 1)]
+
+
+def test_a_consumer_truncation_is_reported_and_the_reused_offsets_are_not_duplicates(
+    spark: SparkSession,
+) -> None:
+    scenario = clean()
+    history = scenario.history
+    records = sorted(scenario.before + scenario.after, key=lambda r: (r.partition, r.offset))
+    on_1 = [r for r in records if r.partition == 1]
+    cut_from, position = on_1[1].offset, on_1[-1].offset + 1
+    # An unclean election cut partition 1 below what the group had read: the instance
+    # reads again from ``cut_from`` and gets the records the new leader wrote there.
+    history.emit(
+        CONSUMER,
+        audit_events.consumer_truncated(
+            group=GROUP,
+            instance="c1",
+            topic=TOPIC,
+            partition=1,
+            position=position,
+            leader_epoch=3,
+            resume_at=cut_from,
+            lost=position - cut_from,
+        ),
+    )
+    for record in on_1[1:]:
+        history.deliver(record)
+    # A delivery again below the cut is still a duplicate.
+    history.deliver(on_1[0])
+    rows = found(spark, scenario)
+    assert kinds(rows) == {checks.CONSUMER_TRUNCATED: 1, checks.DUPLICATE: 1}
+    [cut] = [r for r in rows if r["kind"] == checks.CONSUMER_TRUNCATED]
+    assert (cut["group"], cut["partition"], cut["offset"]) == (GROUP, 1, cut_from)
+    assert f"below the position {position}: {position - cut_from} offset(s)" in cut["detail"]
+    [again] = [r for r in rows if r["kind"] == checks.DUPLICATE]
+    assert (again["offset"], again["detail"]) == (on_1[0].offset, checks.SAME_INSTANCE)
