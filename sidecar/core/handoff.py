@@ -49,6 +49,12 @@ class AssignmentChange(StrEnum):
     PARTITIONS_ASSIGNED = "partitions_assigned"
 
 
+class TruncationKind(StrEnum):
+    """A partition's log was cut below what an instance had read (KIP-320)."""
+
+    LOG_TRUNCATED = "log_truncated"
+
+
 class Subject(NamedTuple):
     """What one hand-off event is about: keys of ``partition`` of ``topic`` at generation
     change ``generation``."""
@@ -67,6 +73,29 @@ class AssignmentNotice:
 
 
 @dataclass(frozen=True, slots=True)
+class TruncationNotice:
+    """The log of a partition was cut below what the instance had read (an unclean
+    leader election, KIP-320): the offsets it read from ``resume_at`` up to ``position``
+    (``lost`` of them) are no longer in the log, and it reads again from ``resume_at``
+    (None: not known, and it reads again from the log's start). Kafka's Java consumer
+    raises LogTruncationException; nothing waits for the app here."""
+
+    tp: TopicPartition
+    position: int
+    leader_epoch: int
+    resume_at: int | None
+    lost: int
+
+    @property
+    def kind(self) -> TruncationKind:
+        return TruncationKind.LOG_TRUNCATED
+
+
+Notice = AssignmentNotice | TruncationNotice
+"""What an instance tells its app without waiting for an acknowledgement."""
+
+
+@dataclass(frozen=True, slots=True)
 class HandoffCallback:
     """A key hand-off told to the app's callback URL (encoded by the HTTP layer)."""
 
@@ -78,11 +107,12 @@ class HandoffCallback:
 
 @dataclass(frozen=True, slots=True)
 class AssignmentCallback:
-    """A rebalance told to the app's callback URL (encoded by the HTTP layer)."""
+    """A rebalance, or a truncation, told to the app's callback URL (encoded by the HTTP
+    layer)."""
 
     group: str
     instance_id: str
-    notice: AssignmentNotice
+    notice: Notice
 
 
 @dataclass(frozen=True, slots=True)

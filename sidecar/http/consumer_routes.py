@@ -13,6 +13,7 @@ from typing import Final
 from aiohttp import web
 
 from sidecar.core.consume import TopicPartition
+from sidecar.core.handoff import TruncationNotice
 from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
     SeekOffset,
@@ -182,8 +183,10 @@ async def records(request: web.Request) -> web.StreamResponse:
     # lose the records, and a commit of everything delivered would skip them for the
     # whole group. Whatever is not sent is put back by ``delivery``.
     async with instance.delivery(query.timeout_ms / 1000, query.max_bytes) as result:
-        items: list[RecordToDeliver | KeyEvent | RebalanceNotice] = [
-            RebalanceNotice(
+        items: list[RecordToDeliver | KeyEvent | RebalanceNotice | TruncationNotice] = [
+            n
+            if isinstance(n, TruncationNotice)
+            else RebalanceNotice(
                 n.kind, tuple(PartitionRef(tp.topic, tp.partition) for tp in n.partitions)
             )
             for n in result.notices

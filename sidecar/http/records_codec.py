@@ -42,9 +42,10 @@ from sidecar.core.errors import (
     InvalidRecord,
     NotAcceptable,
 )
-from sidecar.core.handoff import AssignmentChange, HandoffKind
+from sidecar.core.handoff import AssignmentChange, HandoffKind, TruncationNotice
 from sidecar.core.placement import COUNT_HEADER, GENERATION_HEADER, SIDECAR_HEADER
 from sidecar.core.produce import EmbeddedFormat
+from sidecar.http.callback_codec import truncation_fields
 from sidecar.http.produce_codec import (
     is_reserved_header,
 )
@@ -171,7 +172,7 @@ def _acceptable(parameters: Sequence[str]) -> bool:
 
 
 def encode_records_response(
-    items: Sequence[RecordToDeliver | KeyEvent | RebalanceNotice],
+    items: Sequence[RecordToDeliver | KeyEvent | RebalanceNotice | TruncationNotice],
     fmt: EmbeddedFormat,
     record_headers: RecordHeaders = RecordHeaders.APP,
 ) -> bytes:
@@ -179,7 +180,8 @@ def encode_records_response(
 
     Records are ``{"topic", "key", "value", "partition", "offset", "headers"?}``, keys
     and values base64 (binary) or embedded JSON (json); ``headers`` holds the ones
-    ``record_headers`` keeps and is left out when none are. Raises InvalidRecord when
+    ``record_headers`` keeps and is left out when none are. Notices and key events are
+    objects with a ``type``, which records never have. Raises InvalidRecord when
     ``fmt`` is json and a key or value is not JSON; the message names the record.
     """
     # The mode is resolved once a response, not tested once a header (reading an enum
@@ -191,6 +193,8 @@ def encode_records_response(
         if isinstance(item, KeyEvent)
         else _notice_json(item)
         if isinstance(item, RebalanceNotice)
+        else _truncation_json(item)
+        if isinstance(item, TruncationNotice)
         else _record_entry(item, fmt, header_entries)
         for item in items
     )
@@ -323,6 +327,11 @@ def _event_entry(event: KeyEvent) -> KeyEventEntry:
 
 def _event_json(event: KeyEvent) -> str:
     return json.dumps(_event_entry(event), separators=(",", ":"))
+
+
+def _truncation_json(notice: TruncationNotice) -> str:
+    entry = {"type": notice.kind.value} | truncation_fields(notice)
+    return json.dumps(entry, separators=(",", ":"))
 
 
 def _notice_json(notice: RebalanceNotice) -> str:

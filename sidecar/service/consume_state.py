@@ -19,15 +19,16 @@ from collections.abc import Callable, Iterable, Sequence
 from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import ConsumerStateConflict
-from sidecar.core.handoff import AssignmentNotice, HandoffLedger
+from sidecar.core.handoff import HandoffLedger, Notice
 from sidecar.core.positions import Positions
 
 
 class NoticeQueue:
     """The rebalances an app that asked for them (``assignment_events``) has not been
-    given in a response yet, and the partitions whose partitions_assigned notice it has
-    been given: only these release records, so the notice always comes first, even
-    when aiokafka fetches before its rebalance listener runs.
+    given in a response yet (and truncations of what it had read, ``TruncationNotice``),
+    and the partitions whose partitions_assigned notice it has been given: only these
+    release records, so the notice always comes first, even when aiokafka fetches
+    before its rebalance listener runs.
 
     ``queue`` and ``told_assigned`` are called under the instance's delivery lock: a
     release takes the queued notices before it looks at any partition, and a partition
@@ -37,14 +38,14 @@ class NoticeQueue:
 
     def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled
-        self._queued: list[AssignmentNotice] = []
+        self._queued: list[Notice] = []
         self._told_assigned: set[TopicPartition] = set()
 
     def must_tell_assigned(self, tp: TopicPartition, *, manual: bool) -> bool:
         """True while ``tp``'s records must wait for its partitions_assigned notice."""
         return self.enabled and not manual and tp not in self._told_assigned
 
-    def queue(self, notice: AssignmentNotice) -> None:
+    def queue(self, notice: Notice) -> None:
         """For the next response (under the instance's delivery lock)."""
         self._queued.append(notice)
 
@@ -53,12 +54,12 @@ class NoticeQueue:
         ``partitions``: their records may be released (under the delivery lock)."""
         self._told_assigned |= set(partitions)
 
-    def take(self) -> list[AssignmentNotice]:
+    def take(self) -> list[Notice]:
         """The queued notices, for a response (under the delivery lock)."""
         queued, self._queued = self._queued, []
         return queued
 
-    def put_back(self, notices: Sequence[AssignmentNotice]) -> None:
+    def put_back(self, notices: Sequence[Notice]) -> None:
         self._queued[:0] = notices
 
     def forget(self, partitions: Iterable[TopicPartition] | None = None) -> None:

@@ -17,6 +17,7 @@ from sidecar.core.consume import ConsumedRecord
 from sidecar.core.positions import Fetch
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.consume_state import ConsumeState
+from sidecar.service.notices import AssignmentNotices
 from sidecar.service.truncation_check import TruncationCheck
 
 _log = logging.getLogger(__name__)
@@ -27,13 +28,14 @@ class Fetcher:
         self,
         state: ConsumeState,
         context: ConsumeContext,
+        notices: AssignmentNotices,
         *,
         buffer_limit: int,
         grace_s: float,
     ) -> None:
         self.state = state
         """The instance's shared state: the fetcher feeds its ``positions``."""
-        self.truncations = TruncationCheck(state, context)
+        self.truncations = TruncationCheck(state, context, notices)
         """Validates a fetch from a new leader before it is taken (KIP-320)."""
         self.buffer_limit = buffer_limit
         self.grace_s = grace_s

@@ -110,6 +110,7 @@ class ConsumerInstance:
         self.fetcher = Fetcher(
             self.state,
             context,
+            self.notices,
             buffer_limit=context.settings.buffer_limit,
             grace_s=context.settings.fetch_grace_s,
         )

@@ -1,9 +1,12 @@
-"""Assignment notices: telling an app of its instance's rebalances.
+"""Notices: telling an app of its instance's rebalances, and of truncations.
 
-Only for instances created with ``assignment_events``: a partitions_revoked /
+Rebalances only to instances created with ``assignment_events``: a partitions_revoked /
 partitions_assigned notice, by callback, or queued for the next records response in
 the instance's ``ConsumeState`` (``NoticeQueue``; the instance queues it, under its
-delivery lock). Unlike key hand-off, nothing waits for the app to act on it.
+delivery lock). A log cut below what the instance had read (``TruncationNotice``) is
+told the same way to those instances and to every reader of a managed topic, whose
+responses carry hand-off events already. Unlike key hand-off, nothing waits for the app
+to act on either.
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ from collections.abc import Sequence
 
 from sidecar.adapters.callbacks import CallbackClient
 from sidecar.core.consume import TopicPartition
-from sidecar.core.handoff import AssignmentCallback, AssignmentChange, AssignmentNotice
+from sidecar.core.handoff import (
+    AssignmentCallback,
+    AssignmentChange,
+    AssignmentNotice,
+    Notice,
+    TruncationNotice,
+)
 from sidecar.service.consume_state import ConsumeState
 
 _log = logging.getLogger(__name__)
@@ -51,7 +60,16 @@ class AssignmentNotices:
         await self._call_back(notice)
         return None
 
-    async def _call_back(self, notice: AssignmentNotice) -> None:
+    async def tell_truncated(self, notice: TruncationNotice) -> TruncationNotice | None:
+        """After the instance moved back to where the logs diverge, before it delivers
+        what it reads from there. Returns the notice to queue for the next response
+        instead of a callback; None if called back."""
+        if self.callbacks is None:
+            return notice
+        await self._call_back(notice)
+        return None
+
+    async def _call_back(self, notice: Notice) -> None:
         # Bounded by the callback timeout and then given up (counted, logged): a
         # rebalance listener that never returns would get the member evicted.
         assert self.callbacks is not None

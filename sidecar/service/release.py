@@ -26,9 +26,9 @@ from sidecar.core.errors import CallbackFailed
 from sidecar.core.gate import GroupProgress, WaitKey, waits_into
 from sidecar.core.generations import GenerationLog
 from sidecar.core.handoff import (
-    AssignmentNotice,
     HandoffEvent,
     HandoffKind,
+    Notice,
     Subject,
     revoked_through,
 )
@@ -63,9 +63,10 @@ class PollResult:
     """Released records as the consumer returned them: no copy between aiokafka and the
     response encoder."""
     events: list[HandoffEvent]
-    notices: list[AssignmentNotice] = field(default_factory=list)
-    """Rebalances since the last response, in order; they precede ``events`` and
-    ``records`` (only with ``InstanceConfig.assignment_events`` in events mode)."""
+    notices: list[Notice] = field(default_factory=list)
+    """Rebalances (only with ``InstanceConfig.assignment_events``) and truncations since
+    the last response, in order, for an app without a callback URL; they precede
+    ``events`` and ``records``."""
 
 
 class GroupProgressReads:
@@ -157,7 +158,7 @@ class Release:
         self,
         released: list[ConsumedRecord],
         events: list[HandoffEvent],
-        notices: list[AssignmentNotice],
+        notices: list[Notice],
         max_bytes: int | None,
     ) -> PollResult:
         response = _Response(released, events, max_bytes)

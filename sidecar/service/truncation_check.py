@@ -18,8 +18,10 @@ position the log no longer reaches is moved back to where the logs diverge, a se
 the instance's own: the fetch's records of the partition are then dropped, the records
 buffered above it are never released (the log no longer has them), and reading resumes
 there, so nothing written after the loss is skipped. It is logged and counted
-(``sidecar_consumer_truncations_total``, ``sidecar_consumer_truncated_records_total``)
-and sent as a ``consumer_truncated`` audit event.
+(``sidecar_consumer_truncations_total``, ``sidecar_consumer_truncated_records_total``),
+sent as a ``consumer_truncated`` audit event, and told to the app (``log_truncated``,
+by callback or first in the next records response) when it reads a managed topic or
+asked for ``assignment_events``.
 
 A clean leader change costs one OffsetForLeaderEpoch request per partition and changes
 nothing. Not covered: a reading that starts from the group's committed offset has no
@@ -36,10 +38,12 @@ from sidecar.adapters.record_epochs import NO_EPOCH, leader_epoch_of
 from sidecar.audit import events as audit_events
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import SidecarError
+from sidecar.core.handoff import TruncationNotice
 from sidecar.core.positions import Fetch
 from sidecar.core.truncation import ConsumerTruncation, consumer_truncation
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.consume_state import ConsumeState
+from sidecar.service.notices import AssignmentNotices
 
 _log = logging.getLogger(__name__)
 
@@ -56,11 +60,15 @@ class LastRead:
 
 
 class TruncationCheck:
-    def __init__(self, state: ConsumeState, context: ConsumeContext) -> None:
+    def __init__(
+        self, state: ConsumeState, context: ConsumeContext, notices: AssignmentNotices
+    ) -> None:
         self.state = state
         """The instance's shared state: its ``positions`` say which reading is current,
         and a truncation moves them."""
         self.context = context
+        self.notices = notices
+        """Tells the app of a truncation (``TruncationNotice``)."""
         self._last: dict[TopicPartition, LastRead] = {}
 
     def _current(self, tp: TopicPartition) -> LastRead | None:
@@ -185,6 +193,12 @@ class TruncationCheck:
             lost_delivered,
             target,
         )
+        if self.state.notices.enabled or tp.topic in self.context.registry.topics:
+            # Before anything read again from ``target`` is released: a queued notice
+            # goes first in the next response, and a callback returns before this does.
+            notice = TruncationNotice(tp, found.position, found.leader_epoch, found.resume_at, lost)
+            if await self.notices.tell_truncated(notice) is not None:
+                self.state.notices.queue(notice)
 
     def taken(self, fetch: Fetch[ConsumedRecord]) -> None:
         """After ``fetch`` was taken: remember the last record held of each partition."""

@@ -13,6 +13,7 @@ from sidecar.core.handoff import (
     HandoffCallback,
     HandoffKind,
     Subject,
+    TruncationNotice,
 )
 from sidecar.http.callback_codec import encode_callback
 
@@ -38,4 +39,19 @@ def test_an_assignment_notice_lists_its_partitions() -> None:
         "group": "g",
         "instance_id": "i",
         "partitions": [{"topic": "t", "partition": 0}, {"topic": "u", "partition": 1}],
+    }
+
+
+def test_a_truncation_notice_names_the_partition_and_where_reading_resumes() -> None:
+    notice = TruncationNotice(TopicPartition("t", 1), 10, 1, 7, 3)
+    assert json.loads(encode_callback(AssignmentCallback("g", "i", notice))) == {
+        "type": "log_truncated",
+        "group": "g",
+        "instance_id": "i",
+        "topic": "t",
+        "partition": 1,
+        "offset": 7,
+        "position": 10,
+        "leader_epoch": 1,
+        "lost": 3,
     }

@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multidict import MultiDict
 
+from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import BadRequest, InvalidRecord, NotAcceptable, UnsupportedMediaType
+from sidecar.core.handoff import TruncationNotice
 from sidecar.core.names import MAX_INSTANCE_NAME_LENGTH
 from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
@@ -811,6 +813,35 @@ def test_assignment_notices_have_no_event_id() -> None:
         },
         {"topic": "t", "key": None, "value": 1, "partition": 2, "offset": 0},
         {"type": "partitions_revoked", "partitions": [{"topic": "t", "partition": 2}]},
+    ]
+
+
+def test_a_truncation_notice_says_where_reading_resumes_and_what_was_lost() -> None:
+    items: list[ConsumedRecord | KeyEvent | RebalanceNotice | TruncationNotice] = [
+        TruncationNotice(TopicPartition("t", 1), 10, 1, 7, 3),
+        ConsumedRecord("t", 1, 7, key=None, value=b"1"),
+        TruncationNotice(TopicPartition("t", 2), 4, 0, None, 0),
+    ]
+    assert json.loads(encode_records_response(items, EmbeddedFormat.JSON)) == [
+        {
+            "type": "log_truncated",
+            "topic": "t",
+            "partition": 1,
+            "offset": 7,
+            "position": 10,
+            "leader_epoch": 1,
+            "lost": 3,
+        },
+        {"topic": "t", "key": None, "value": 1, "partition": 1, "offset": 7},
+        {
+            "type": "log_truncated",
+            "topic": "t",
+            "partition": 2,
+            "offset": None,
+            "position": 4,
+            "leader_epoch": 0,
+            "lost": 0,
+        },
     ]
 
 

@@ -8,6 +8,7 @@ import pytest
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict
 from sidecar.core.generations import Boundary, GenerationLog
+from sidecar.core.handoff import AssignmentChange, AssignmentNotice
 from sidecar.core.placement import GENERATION_HEADER
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
 from sidecar.service.release import PollResult
@@ -274,9 +275,7 @@ async def test_records_wait_for_their_partitions_assigned_notice() -> None:
     assert before.notices == []
     await instance.partitions_assigned({TP0})
     after = await _poll(instance, 0.03, None)
-    assert [(n.kind.value, n.partitions) for n in after.notices] == [
-        ("partitions_assigned", (TP0,))
-    ]
+    assert after.notices == [AssignmentNotice(AssignmentChange.PARTITIONS_ASSIGNED, (TP0,))]
     assert [r.offset for r in after.records] == [0]
 
 

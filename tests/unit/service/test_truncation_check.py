@@ -20,6 +20,7 @@ from sidecar.adapters.kafka import OffsetAndEpoch
 from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import KafkaUnavailable
+from sidecar.core.handoff import TruncationNotice
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
 from tests.unit.service import fakes
 
@@ -122,7 +123,7 @@ class Leader:
 
 
 class Setup:
-    def __init__(self) -> None:
+    def __init__(self, *, managed: bool = False, assignment_events: bool = False) -> None:
         self.log = Log()
         self.leader = Leader(self.log)
         self.metrics = fakes.Metrics()
@@ -133,10 +134,12 @@ class Setup:
             metrics=self.metrics,
             offsets=self.leader,
             audit=self.audit,
+            registry=SimpleNamespace(topics={"t": object()} if managed else {}),
         )
-        self.instance = ConsumerInstance(
-            InstanceConfig(group="g", name="i", format="binary"), context, instance_key="s-i"
+        config = InstanceConfig(
+            group="g", name="i", format="binary", assignment_events=assignment_events
         )
+        self.instance = ConsumerInstance(config, context, instance_key="s-i")
         self.consumer = Consumer(self.log)
         fake: Any = self.consumer
         self.instance.state.consumer = fake
@@ -285,3 +288,34 @@ async def test_a_leader_knowing_no_epoch_that_old_has_the_partition_read_from_it
     assert s.metrics.truncations == [(TP, 0)]
     await s.poll()
     assert s.delivered[10:] == [(o, b"new") for o in range(4)]
+
+
+async def test_the_app_is_told_of_a_truncation_of_a_managed_topic_before_reading_again() -> None:
+    s = Setup(managed=True)
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=6)
+    await s.poll()
+    told = TruncationNotice(TP, position=10, leader_epoch=1, resume_at=7, lost=3)
+    # Queued for the next response, which sends notices before any record.
+    assert s.instance.state.notices.take() == [told]
+    await s.poll()
+    assert s.delivered[10:] == expected_after_loss(7, 6)
+    assert s.instance.state.notices.take() == []
+
+
+async def test_an_app_that_asked_for_notices_is_told_of_a_truncation_of_any_topic() -> None:
+    s = Setup(assignment_events=True)
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=6)
+    await s.poll()
+    assert [n.kind.value for n in s.instance.state.notices.take()] == ["log_truncated"]
+
+
+async def test_a_rest_proxy_client_of_an_unmanaged_topic_gets_no_notice() -> None:
+    # Its responses carry records only, as REST Proxy's: the loss is logged and counted.
+    s = Setup()
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=6)
+    await s.poll()
+    assert s.metrics.truncations == [(TP, 3)]
+    assert s.instance.state.notices.take() == []
