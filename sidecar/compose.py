@@ -28,7 +28,7 @@ from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.partition_warmer import PartitionWarmer
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.config import ConfigError, Settings
-from sidecar.core.backoff import Backoff
+from sidecar.core.backoff import Backoff, jittered
 from sidecar.core.errors import SidecarError
 from sidecar.core.generations import PartitionMode
 from sidecar.core.procedures import Phase, warm_transactional_id
@@ -241,7 +241,9 @@ class SidecarServer:
         except Exception:
             _log.exception("checking boundaries at start failed")
         while True:
-            await asyncio.sleep(self.settings.changes.housekeeping_interval_s)
+            await asyncio.sleep(
+                jittered(self.settings.changes.housekeeping_interval_s, random.random())
+            )
             try:
                 await self.store.release_leftover_locks()
             except SidecarError as exc:
@@ -251,7 +253,10 @@ class SidecarServer:
             for topic, runtime in list(self.sidecar.topics.items()):
                 try:
                     await self.changes.resume_abandoned(topic, runtime.state.pending)
-                    await self.retirer.retire(topic)
+                    # The partition modes as the topic's watch last read them: a round
+                    # reads the topic again only where a partition waits to retire.
+                    if PartitionMode.READ_ONLY in runtime.state.modes:
+                        await self.retirer.retire(topic)
                 except SidecarError as exc:
                     # Another sidecar holds the lock or ZooKeeper is away: next round.
                     _log.debug("housekeeping of %s deferred: %s", topic, exc.message)

@@ -67,9 +67,11 @@ class ZooKeeperSettings:
     """How often a topic's change lock is tried again while another sidecar holds it."""
     transaction_attempts: int = 5
     """Tries of a multi-node ZooKeeper transaction that lost a compare-and-set race."""
-    topic_list_interval_s: float = 1.0
-    """How often the list of managed topics is re-read, so that a topic managed by
-    another sidecar is watched (and its barriers acked) within this delay."""
+    topic_list_interval_s: float = 10.0
+    """How often the list of managed topics is read again (±20 %), besides the watch on
+    it: a watch that missed a topic managed by another sidecar (set while ZooKeeper was
+    away) has it watched, and its barriers acked, within this delay. Each read is one
+    ZooKeeper request per sidecar; the watch itself costs none while idle."""
     security: ZooKeeperSecuritySettings = field(default_factory=ZooKeeperSecuritySettings)
     """TLS, authentication and the ACLs of the znodes (``zookeeper.security``)."""
 

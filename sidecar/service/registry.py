@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.config import Settings
+from sidecar.core.backoff import jittered
 from sidecar.core.errors import (
     KafkaUnavailable,
     MetadataUnavailable,
@@ -471,7 +473,9 @@ class TopicRegistry:
 
     async def _topic_list_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.zookeeper.topic_list_interval_s)
+            await asyncio.sleep(
+                jittered(self.settings.zookeeper.topic_list_interval_s, random.random())
+            )
             with contextlib.suppress(MetadataUnavailable):
                 await self.refresh_topic_list()
 

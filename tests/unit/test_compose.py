@@ -595,14 +595,16 @@ async def test_a_server_never_started_stops_without_a_cluster(make: Make) -> Non
 
 @dataclass
 class FakeRuntime:
-    """A managed topic as housekeeping reads it (its log and published barrier)."""
+    """A managed topic as housekeeping reads it (its log, published barrier and partition
+    modes, as the topic's watch last read them); a partition waits to retire."""
 
     log: GenerationLog
     pending: object
+    modes: tuple[PartitionMode, ...] = (PartitionMode.READ_WRITE, PartitionMode.READ_ONLY)
     state: SimpleNamespace = field(init=False)
 
     def __post_init__(self) -> None:
-        self.state = SimpleNamespace(log=self.log, pending=self.pending)
+        self.state = SimpleNamespace(log=self.log, pending=self.pending, modes=self.modes)
 
     def notify(self) -> None:
         pass
@@ -718,3 +720,46 @@ async def test_housekeeping_outlives_unexpected_errors_and_stop_still_shuts_down
     await asyncio.wait_for(server.stop(), WITHIN_S)
     assert calls[:4] == ["boundaries", "locks", "resume a", "retire a"]
     assert stopped == ["registry"]
+
+
+async def test_housekeeping_reads_no_topic_without_a_partition_to_retire(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An idle sidecar's rounds must cost ZooKeeper little: retirement reads the topic
+    # again, so it runs only where the watched modes show a read-only partition.
+    server = make(settings_for(changes=ChangeSettings(housekeeping_interval_s=0.01)))
+    every_partition_written = (PartitionMode.READ_WRITE,) * 3
+    server.sidecar.topics.update(
+        {
+            "idle": cast(
+                TopicRuntime,
+                FakeRuntime(GenerationLog.start(3), pending=None, modes=every_partition_written),
+            ),
+            "shrunk": cast(TopicRuntime, FakeRuntime(GenerationLog.start(2), pending=None)),
+        }
+    )
+    retired: list[str] = []
+
+    async def report_lost(logs: dict[str, GenerationLog]) -> dict[str, int | None]:
+        return {}
+
+    async def release_leftover_locks() -> list[str]:
+        return []
+
+    async def resume_abandoned(topic: str, pending: object) -> None:
+        return None
+
+    async def retire(topic: str) -> dict[int, object]:
+        retired.append(topic)
+        return {}
+
+    monkeypatch.setattr(server.sidecar, "start", ScriptedStart(None))
+    monkeypatch.setattr(server.changes.boundaries, "report_lost", report_lost)
+    monkeypatch.setattr(server.store, "release_leftover_locks", release_leftover_locks)
+    monkeypatch.setattr(server.changes, "resume_abandoned", resume_abandoned)
+    monkeypatch.setattr(server.retirer, "retire", retire)
+    await server.start()
+    await asyncio.wait_for(server.wait_ready(), WITHIN_S)
+    await eventually(lambda: retired.count("shrunk") >= 3)
+    await server.stop()
+    assert set(retired) == {"shrunk"}

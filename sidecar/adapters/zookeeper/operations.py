@@ -55,6 +55,11 @@ class Operations:
         """Topic -> czxid of the lock node this store holds."""
         self._journal_versions: dict[str, int] = {}
         """Topic -> version of the journal node as this store last wrote or read it."""
+        self._maybe_leftover = True
+        """A lock node of this session may be left that this store does not hold: an
+        attempt or a release met an error after it may have reached ZooKeeper (or, at
+        first, a previous store of the same session). Only then does
+        ``release_leftover_locks`` read the locks."""
 
     # Locks ----------------------------------------------------------------------------
 
@@ -73,7 +78,13 @@ class Operations:
         deadline = time.monotonic() + wait_s
         data = encode({"owner": owner, "purpose": purpose, "acquired_at": time.time()})
         while True:
-            holder = await self._connection.run(self._try_lock, topic, data)
+            try:
+                holder = await self._connection.run(self._try_lock, topic, data)
+            except BaseException:
+                # The create may have reached ZooKeeper before the error (or the
+                # cancellation) came back: the node would be a leftover of this session.
+                self._maybe_leftover = True
+                raise
             if holder is None:
                 break
             if time.monotonic() >= deadline:
@@ -127,7 +138,11 @@ class Operations:
         except MetadataUnavailable:
             # The node stays while this session lives: release_leftover_locks deletes it
             # once ZooKeeper answers again (this store no longer counts it as held).
+            self._maybe_leftover = True
             log.info("could not release the lock of %s now; it will be cleaned up", topic)
+        except BaseException:
+            self._maybe_leftover = True  # cancelled: the delete may not have been sent
+            raise
 
     def _delete_if_created(self, path: str, czxid: int) -> None:
         stat = self._connection.client.exists(path)
@@ -137,8 +152,18 @@ class Operations:
 
     async def release_leftover_locks(self) -> list[str]:
         """Delete every lock node of this session that this store does not hold (left by
-        an interrupted acquisition or release); returns their topics."""
-        return await self._connection.run(self._release_leftover_locks)
+        an interrupted acquisition or release); returns their topics. Reads nothing
+        unless an acquisition or a release was interrupted since the last complete look
+        (an idle sidecar then costs ZooKeeper nothing here)."""
+        if not self._maybe_leftover:
+            return []
+        # Cleared first: an interruption during this look marks it again.
+        self._maybe_leftover = False
+        try:
+            return await self._connection.run(self._release_leftover_locks)
+        except BaseException:
+            self._maybe_leftover = True
+            raise
 
     def _release_leftover_locks(self) -> list[str]:
         released = []

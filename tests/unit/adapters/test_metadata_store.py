@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import ConnectionLoss, NodeExistsError
 
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.errors import MetadataUnavailable
@@ -78,3 +78,52 @@ def test_committed_generations_are_read_once_each() -> None:
     client.nodes = _GenerationsClient(anew).nodes
     assert store._topics._committed_generations("t", "/t", created=42) == list(anew.generations)
     assert client.reads == ["/t/generations/0000000000"]
+
+
+class _LocksClient:
+    """The locks node, counting how often it is listed; a create can be made to lose
+    the connection after it may have reached the server."""
+
+    client_id = (72, b"")
+
+    def __init__(self) -> None:
+        self.listed = 0
+        self.lose_create = False
+
+    def get_children(self, path: str) -> list[str]:
+        self.listed += 1
+        return []
+
+    def create(self, path: str, data: bytes, **kwargs: object) -> tuple[str, SimpleNamespace]:
+        if self.lose_create:
+            raise ConnectionLoss()
+        return path, SimpleNamespace(czxid=5)
+
+    def exists(self, path: str) -> SimpleNamespace:
+        return SimpleNamespace(czxid=5, version=0)
+
+    def delete(self, path: str, version: int = -1) -> None:
+        pass
+
+
+async def test_leftover_locks_are_looked_for_only_after_an_interruption() -> None:
+    # Every sidecar's housekeeping asks each round: an idle sidecar must not list the
+    # locks each time, yet one whose attempt was cut off must.
+    store = MetadataStore("127.0.0.1:1")
+    client = _LocksClient()
+    store._connection.client = client
+    store._connection.state = SessionState.CONNECTED
+    assert await store.release_leftover_locks() == []
+    assert client.listed == 1  # at first: a store may start with leftovers
+    async with store.lock("orders", "sidecar-a", timeout=0):
+        pass
+    for _ in range(3):
+        await store.release_leftover_locks()
+    assert client.listed == 1
+    client.lose_create = True
+    with pytest.raises(MetadataUnavailable):
+        async with store.lock("orders", "sidecar-a", timeout=0):
+            pass
+    await store.release_leftover_locks()
+    await store.release_leftover_locks()
+    assert client.listed == 2

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.backoff import Backoff
+from sidecar.core.backoff import JITTER_SPREAD, Backoff, jittered
 
 BACKOFF = Backoff(initial_s=0.2, max_s=2.0)
 
@@ -37,3 +37,21 @@ def test_the_jitter_spreads_sidecars_that_fail_together() -> None:
 def test_out_of_range_arguments_are_refused(attempt: int, fraction: float) -> None:
     with pytest.raises(ValueError, match="must be"):
         BACKOFF.delay(attempt, fraction)
+
+
+@given(st.floats(0.0, 1e6), st.floats(0.0, 1.0, exclude_max=True))
+def test_a_jittered_interval_strays_at_most_the_spread_either_way(
+    interval_s: float, fraction: float
+) -> None:
+    pause = jittered(interval_s, fraction)
+    assert interval_s * (1 - JITTER_SPREAD) <= pause <= interval_s * (1 + JITTER_SPREAD)
+
+
+def test_jittered_intervals_spread_sidecars_started_together() -> None:
+    assert jittered(10.0, 0.5) == 10.0
+    assert jittered(10.0, 0.0) == pytest.approx(8.0)
+    assert jittered(10.0, 0.999) == pytest.approx(12.0, abs=0.01)
+    with pytest.raises(ValueError, match="fraction"):
+        jittered(10.0, 1.0)
+    with pytest.raises(ValueError, match="spread"):
+        jittered(10.0, 0.5, spread=1.0)
