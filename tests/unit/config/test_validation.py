@@ -168,3 +168,15 @@ def test_a_data_plane_beyond_loopback_binds_with_its_token() -> None:
     )
     assert settings.http.host == "0.0.0.0"
     assert "s3cret" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"ORDERED_SIDECAR__LOG__FORMAT": "xml"}, "log.format must be one of text, json"),
+        ({"ORDERED_SIDECAR__LOG__LEVEL": "loud"}, "log.level must be one of DEBUG"),
+    ],
+)
+def test_unknown_log_values_are_configuration_errors(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(None, environ)
