@@ -3,7 +3,6 @@ and its leader-epoch requests over a client that answers with a real broker's by
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import time
@@ -21,7 +20,6 @@ from sidecar.adapters.kafka import (
     KafkaGateway,
     OffsetAndEpoch,
     _Clients,
-    refused_identity,
     set_transaction_poll,
 )
 from sidecar.adapters.kafka import errors as kafka_errors
@@ -209,33 +207,3 @@ async def test_a_read_that_cannot_connect_to_a_cluster_away_is_unavailable(
     gateway = _gateway_that_cannot_reach_a_node(monkeypatch, None)
     with pytest.raises(KafkaUnavailable):
         await gateway._admin._retrying(_no_connection, "reading metadata of orders")
-
-
-async def test_a_diagnosis_that_takes_too_long_tells_nothing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
-        await asyncio.sleep(10)
-        return KafkaAuthenticationFailed("too late")
-
-    monkeypatch.setattr(kafka_errors, "diagnose", diagnose)
-    began = time.monotonic()
-    secured = KafkaSecuritySettings(protocol="SASL_SSL")
-    assert await refused_identity(KafkaSettings(request_timeout_ms=200, security=secured)) is None
-    assert time.monotonic() - began < 1.0
-
-
-async def test_a_plaintext_connection_has_no_identity_to_diagnose(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    asked: list[KafkaSettings] = []
-
-    async def diagnose(settings: KafkaSettings) -> KafkaAuthenticationFailed | None:
-        asked.append(settings)
-        return KafkaAuthenticationFailed("never for PLAINTEXT")
-
-    monkeypatch.setattr(kafka_errors, "diagnose", diagnose)
-    assert await refused_identity(KafkaSettings()) is None
-    assert asked == []
-    secured = KafkaSettings(security=KafkaSecuritySettings(protocol="SSL"))
-    assert await refused_identity(secured) is not None

@@ -4,13 +4,13 @@ loop (ready line, signals, graceful stop).
 No sidecar starts: ``run_serve`` is tested with ``serve`` replaced by a recorder, and
 ``serve`` with ``SidecarServer`` replaced by a scripted fake. ``serve`` runs in its own
 ``asyncio.run`` loop, as the command does, so its signal handlers go with that loop.
-(``tune_process`` itself is tested in tests/unit/test_config.py.)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from sidecar.commands import serve
+from sidecar.commands.serve import tune_process
 from sidecar.config import ConfigError, LogSettings, ProcessSettings, Settings
 from sidecar.core.errors import KafkaAuthenticationFailed, KafkaUnavailable, SidecarError
 
@@ -392,3 +393,12 @@ def test_serve_runs_on_the_loop_the_setting_names(
         assert serve.run_serve(parse(["serve"])) == 0
         assert isinstance(loops[-1], expected)
     assert not isinstance(loops[-1], uvloop.Loop)
+
+
+def test_the_process_setting_sets_the_youngest_generation_only() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_process(ProcessSettings(gc_young_threshold=12_345))
+        assert gc.get_threshold() == (12_345, before[1], before[2])
+    finally:
+        gc.set_threshold(*before)

@@ -1,5 +1,5 @@
-"""REST Proxy v2 consumer codecs (``consumer_codec``, ``create_consumer_codec``,
-``consumer_response_codec``): every decoder's shapes and errors, the response encoders."""
+"""REST Proxy v2 consumer requests (``sidecar.http.consumer_codec``): every decoder's
+shapes and errors."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from multidict import MultiDict
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import BadRequest, InvalidRecord, NotAcceptable, UnsupportedMediaType
 from sidecar.core.handoff import TruncationNotice
-from sidecar.core.names import MAX_INSTANCE_NAME_LENGTH
 from sidecar.core.produce import EmbeddedFormat
 from sidecar.http.consumer_codec import (
     MAX_EVENT_ID,
@@ -44,16 +43,8 @@ from sidecar.http.consumer_response_codec import (
     CommittedOffset,
     assignments_body,
     committed_offsets_body,
-    consumer_instance_uri,
-    create_consumer_body,
-    subscription_body,
 )
-from sidecar.http.create_consumer_codec import (
-    MAX_CALLBACK_TIMEOUT_MS,
-    AutoOffsetReset,
-    CreateConsumerRequest,
-    decode_create_consumer,
-)
+from sidecar.http.create_consumer_codec import decode_create_consumer
 from sidecar.http.produce_codec import MAX_PARTITION
 from sidecar.http.records_codec import (
     AssignmentNoticeType,
@@ -68,6 +59,7 @@ from sidecar.http.records_codec import (
     key_events_body,
     records_content_type,
 )
+from tests.unit.http.consumer_support import BINARY_V2, JSON_V2, V2, body
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +74,6 @@ class ConsumedRecord:
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
-
-V2 = "application/vnd.kafka.v2+json"
-BINARY_V2 = "application/vnd.kafka.binary.v2+json"
-JSON_V2 = "application/vnd.kafka.json.v2+json"
 
 json_scalars = (
     st.none()
@@ -103,16 +91,6 @@ topic_names = st.from_regex(r"[a-zA-Z0-9._-]{1,249}", fullmatch=True).filter(
     lambda name: name not in (".", "..")
 )
 optional_bytes = st.none() | st.binary(max_size=64)
-
-
-def body(document: object) -> bytes:
-    return json.dumps(document).encode("utf-8")
-
-
-def create(document: object, *, allow_remote: bool = False) -> CreateConsumerRequest:
-    return decode_create_consumer(
-        body(document), content_type=V2, allow_remote_callbacks=allow_remote
-    )
 
 
 def b64(data: bytes) -> str:
@@ -209,248 +187,6 @@ def test_routes_that_need_a_body_refuse_none(
         decode(raw, content_type=content_type)
 
 
-# Create ----------------------------------------------------------------------------------
-
-DEFAULTS = CreateConsumerRequest(
-    name=None,
-    format=EmbeddedFormat.BINARY,
-    auto_offset_reset=None,
-    auto_commit=None,
-    fetch_min_bytes=None,
-    request_timeout_ms=None,
-    callback_url=None,
-    callback_timeout_ms=None,
-    # The app's own headers unless it asks for the sidecar's too.
-    record_headers=RecordHeaders.APP,
-)
-
-
-@pytest.mark.parametrize(
-    ("raw", "content_type"), [(b"", None), (b"", V2), (b"null", V2), (b"{}", V2)]
-)
-def test_create_without_settings_is_a_binary_consumer(raw: bytes, content_type: str | None) -> None:
-    assert decode_create_consumer(raw, content_type=content_type) == DEFAULTS
-
-
-def test_create_with_every_field() -> None:
-    request = create(
-        {
-            "name": "orders-worker_1.~",
-            "format": "json",
-            "auto.offset.reset": "earliest",
-            "auto.commit.enable": "false",
-            "fetch.min.bytes": 1024,
-            "consumer.request.timeout.ms": 5000,
-            "callback_url": "http://127.0.0.1:9000/keys?app=1",
-            "callback_timeout_ms": 30_000,
-            "assignment_events": True,
-            "record_headers": "app",
-        }
-    )
-    assert request == CreateConsumerRequest(
-        name="orders-worker_1.~",
-        format=EmbeddedFormat.JSON,
-        auto_offset_reset=AutoOffsetReset.EARLIEST,
-        auto_commit=False,
-        fetch_min_bytes=1024,
-        request_timeout_ms=5000,
-        callback_url="http://127.0.0.1:9000/keys?app=1",
-        callback_timeout_ms=30_000,
-        assignment_events=True,
-        record_headers=RecordHeaders.APP,
-    )
-
-
-def test_create_null_fields_are_defaults() -> None:
-    fields = [
-        "name",
-        "format",
-        "auto.offset.reset",
-        "auto.commit.enable",
-        "fetch.min.bytes",
-        "assignment_events",
-        "record_headers",
-    ]
-    assert create(dict.fromkeys(fields)) == DEFAULTS
-
-
-@pytest.mark.parametrize(
-    ("field", "raw", "attribute", "expected"),
-    [
-        ("format", "BINARY", "format", EmbeddedFormat.BINARY),
-        ("format", "Json", "format", EmbeddedFormat.JSON),
-        ("auto.offset.reset", "Latest", "auto_offset_reset", AutoOffsetReset.LATEST),
-        ("auto.offset.reset", "none", "auto_offset_reset", AutoOffsetReset.NONE),
-        ("auto.commit.enable", "true", "auto_commit", True),
-        ("auto.commit.enable", "FALSE", "auto_commit", False),
-        ("auto.commit.enable", True, "auto_commit", True),
-        ("auto.commit.enable", False, "auto_commit", False),
-        ("fetch.min.bytes", -1, "fetch_min_bytes", None),
-        ("fetch.min.bytes", "-1", "fetch_min_bytes", None),
-        ("fetch.min.bytes", 0, "fetch_min_bytes", 0),
-        ("fetch.min.bytes", "512", "fetch_min_bytes", 512),
-        ("fetch.min.bytes", 10_000_000, "fetch_min_bytes", 10_000_000),
-        ("consumer.request.timeout.ms", "0", "request_timeout_ms", 0),
-        ("consumer.request.timeout.ms", 2**31 - 1, "request_timeout_ms", 2**31 - 1),
-        ("id", "legacy", "name", "legacy"),
-        ("responseMinBytes", 7, "fetch_min_bytes", 7),
-        ("requestWaitMs", "250", "request_timeout_ms", 250),
-        ("record_headers", "all", "record_headers", RecordHeaders.ALL),
-        ("record_headers", "App", "record_headers", RecordHeaders.APP),
-        ("record_headers", "NONE", "record_headers", RecordHeaders.NONE),
-    ],
-)
-def test_create_reads_values_as_rest_proxy_does(
-    field: str, raw: object, attribute: str, expected: object
-) -> None:
-    assert getattr(create({field: raw}), attribute) == expected
-
-
-def test_an_alias_may_repeat_its_field() -> None:
-    assert create({"id": "c1", "name": "c1"}).name == "c1"
-
-
-@pytest.mark.parametrize(
-    ("document", "message"),
-    [
-        ({"format": "avro"}, "format 'avro' needs a schema registry"),
-        ({"format": "PROTOBUF"}, "format 'PROTOBUF' needs a schema registry"),
-        ({"format": "jsonschema"}, "format 'jsonschema' needs a schema registry"),
-        ({"format": "xml"}, "format must be binary or json, got 'xml'"),
-        ({"format": 1}, "format must be a string, got number"),
-        ({"auto.offset.reset": "smallest"}, "auto.offset.reset must be earliest, latest or none"),
-        ({"auto.offset.reset": 0}, "auto.offset.reset must be earliest, latest or none, got 0"),
-        ({"auto.commit.enable": "yes"}, 'auto.commit.enable must be "true" or "false"'),
-        ({"auto.commit.enable": 1}, 'auto.commit.enable must be "true" or "false", got 1'),
-        ({"fetch.min.bytes": -2}, "fetch.min.bytes must be an integer from -1 to 10000000"),
-        ({"fetch.min.bytes": 10_000_001}, "fetch.min.bytes must be an integer from -1"),
-        ({"fetch.min.bytes": 1.5}, "fetch.min.bytes must be an integer from -1"),
-        ({"fetch.min.bytes": "1.5"}, "fetch.min.bytes must be an integer from -1"),
-        ({"fetch.min.bytes": "+5"}, "fetch.min.bytes must be an integer from -1"),
-        ({"fetch.min.bytes": True}, "fetch.min.bytes must be an integer from -1"),
-        ({"consumer.request.timeout.ms": -1}, "consumer.request.timeout.ms must be an integer"),
-        ({"consumer.request.timeout.ms": 2**31}, "consumer.request.timeout.ms must be an integer"),
-        ({"requestWaitMs": "x"}, "consumer.request.timeout.ms must be an integer"),
-        (
-            {"name": ""},
-            "name '' is not a consumer instance name: use 1 to 255 of A-Z a-z 0-9 . _ - ~",
-        ),
-        ({"name": "a/b"}, "name 'a/b' is not"),
-        ({"name": "a b"}, "name 'a b' is not"),
-        ({"name": "é"}, "name 'é' is not"),
-        ({"name": "."}, "name '.' is not"),
-        ({"name": ".."}, "name '..' is not"),
-        (
-            {"name": "n" * (MAX_INSTANCE_NAME_LENGTH + 1)},
-            "is not a consumer instance name: use 1 to 255",
-        ),
-        ({"name": 7}, "name must be a string, got number"),
-        ({"id": "a", "name": "b"}, "id 'a' conflicts with name 'b'"),
-        ({"responseMinBytes": 1, "fetch.min.bytes": 2}, "responseMinBytes 1 conflicts with"),
-        ({"isolation.level": "read_committed"}, "unknown field(s) ['isolation.level']"),
-        ({"enable.auto.commit": "false"}, "unknown field(s) ['enable.auto.commit']"),
-        ({"callback_timeout_ms": 1000}, "callback_timeout_ms is set without callback_url"),
-        ({"assignment_events": "true"}, "assignment_events must be true or false, got 'true'"),
-        ({"assignment_events": 1}, "assignment_events must be true or false, got 1"),
-        ({"record_headers": "ordered"}, "record_headers must be all, app or none, got 'ordered'"),
-        ({"record_headers": False}, "record_headers must be a string, got boolean"),
-        (
-            {"callback_url": "http://localhost/", "callback_timeout_ms": 0},
-            f"callback_timeout_ms must be an integer from 1 to {MAX_CALLBACK_TIMEOUT_MS}, got 0",
-        ),
-        (
-            {
-                "callback_url": "http://localhost/",
-                "callback_timeout_ms": MAX_CALLBACK_TIMEOUT_MS + 1,
-            },
-            "callback_timeout_ms must be an integer from 1",
-        ),
-        (
-            {"callback_url": "http://localhost/", "callback_timeout_ms": "100"},
-            "callback_timeout_ms must be an integer from 1",
-        ),
-    ],
-)
-def test_invalid_create_requests(document: object, message: str) -> None:
-    with pytest.raises(BadRequest, match=re.escape(message)):
-        create(document)
-
-
-@pytest.mark.parametrize(
-    "url",
-    [
-        "http://127.0.0.1:9000/callback",
-        "http://127.255.3.4/",
-        "http://[::1]:8080/keys?app=orders",
-        "http://localhost/",
-        "HTTP://LocalHost:1/x",
-        "https://localhost:8443/",
-    ],
-)
-def test_loopback_callback_urls_are_accepted(url: str) -> None:
-    assert create({"callback_url": url}).callback_url == url
-
-
-@pytest.mark.parametrize(
-    ("url", "message"),
-    [
-        ("http://10.0.0.1/cb", "host '10.0.0.1' is not a loopback host"),
-        ("http://example.com/cb", "host 'example.com' is not a loopback host"),
-        ("http://localhost.example.com/", "host 'localhost.example.com' is not a loopback"),
-        ("http://127.1/", "host '127.1' is not a loopback host"),
-        ("http://0.0.0.0:80/", "host '0.0.0.0' is not a loopback host"),
-        ("http://[::ffff:127.0.0.1]/", "host '::ffff:127.0.0.1' is not a loopback host"),
-        ("http://127.0.0.1.nip.io/", "is not a loopback host"),
-        ("http://user:pw@localhost/", "must not carry credentials"),
-        ("http://127.0.0.1:8080@example.com/", "must not carry credentials"),
-        ("ftp://localhost/", "must be an absolute http or https URL"),
-        ("localhost:8080", "must be an absolute http or https URL"),
-        ("/callback", "must be an absolute http or https URL"),
-        ("http:///callback", "must be an absolute http or https URL"),
-        ("http://localhost:99999/", "is not a valid URL"),
-        ("http://localhost:port/", "is not a valid URL"),
-        ("http://[::1/", "is not a valid URL"),
-        ("http://local host/", "visible ASCII characters, got 'http://local host/'"),
-        ("http://localhost/\n", "visible ASCII characters"),
-        ("http://localhost/" + "x" * 2048, "at most 2048 visible ASCII characters"),
-        ("", "visible ASCII characters, got ''"),
-        (5, "visible ASCII characters, got 5"),
-    ],
-)
-def test_callback_urls_that_are_refused(url: object, message: str) -> None:
-    with pytest.raises(BadRequest, match=re.escape(message)):
-        create({"callback_url": url})
-
-
-def test_remote_callbacks_when_allowed_still_need_http_and_no_credentials() -> None:
-    url = "http://app.internal:8080/keys"
-    assert create({"callback_url": url}, allow_remote=True).callback_url == url
-    with pytest.raises(BadRequest, match="absolute http or https URL"):
-        create({"callback_url": "file:///etc/passwd"}, allow_remote=True)
-    with pytest.raises(BadRequest, match="credentials"):
-        create({"callback_url": "http://u@app.internal/"}, allow_remote=True)
-
-
-def test_create_response_is_rest_proxy_shape() -> None:
-    created = create_consumer_body("c1", base_url="http://127.0.0.1:8082/", group="billing")
-    assert encode_response(created) == (
-        b'{"instance_id":"c1","base_uri":"http://127.0.0.1:8082/consumers/billing/instances/c1"}'
-    )
-
-
-@pytest.mark.parametrize(
-    ("base_url", "group", "expected"),
-    [
-        ("http://localhost:8082", "g", "http://localhost:8082/consumers/g/instances/c"),
-        ("http://h/prefix/", "g", "http://h/prefix/consumers/g/instances/c"),
-        ("http://h", "my group/1", "http://h/consumers/my%20group%2F1/instances/c"),
-        ("http://h", "ü?#", "http://h/consumers/%C3%BC%3F%23/instances/c"),
-    ],
-)
-def test_instance_uri_encodes_path_segments(base_url: str, group: str, expected: str) -> None:
-    assert consumer_instance_uri(base_url, group, "c") == expected
-
-
 # Subscription and assignment -------------------------------------------------------------
 
 
@@ -498,10 +234,6 @@ def test_longest_topic_name_is_accepted() -> None:
     assert decode_subscription(body({"topics": [name]}), content_type=V2) == SubscribeTopics(
         (name,)
     )
-
-
-def test_subscription_response() -> None:
-    assert encode_response(subscription_body(["a", "b"])) == b'{"topics":["a","b"]}'
 
 
 def test_assign_partitions_and_answer_them() -> None:
