@@ -13,52 +13,16 @@ a record that waits on it is delivered, each acknowledged once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.gate import GroupProgress, Wait, direct_waits, gate, waits_into
 from sidecar.core.generations import Boundary, ChangeKind, GenerationLog, PartitionMode
 from sidecar.core.handoff import revocation_points, revocations_due, revoked_through
-from sidecar.core.routing import expansion_blocker, linear_hash_partition, shrink_blockers
+from sidecar.core.routing import expansion_blocker, shrink_blockers
+from tests.support.simulated_topic import SimulatedTopic, modes_of, topics
 
 RW, RO, REMOVED = PartitionMode.READ_WRITE, PartitionMode.READ_ONLY, PartitionMode.REMOVED
-
-
-@dataclass
-class SimulatedTopic:
-    """A topic's records (key, per-key sequence) per partition, and its generation log."""
-
-    initial_count: int
-    log: GenerationLog
-    partitions: list[list[tuple[int, int]]]
-    next_sequence: dict[int, int] = field(default_factory=dict)
-
-    @classmethod
-    def create(cls, initial_count: int) -> SimulatedTopic:
-        return cls(
-            initial_count, GenerationLog.start(initial_count), [[] for _ in range(initial_count)]
-        )
-
-    def produce(self, key: int) -> None:
-        # The key itself serves as its non-negative hash.
-        partition = linear_hash_partition(key, self.initial_count, self.log.current.undeleted_count)
-        sequence = self.next_sequence.get(key, 0)
-        self.next_sequence[key] = sequence + 1
-        self.partitions[partition].append((key, sequence))
-
-    def change_count(self, undeleted_count: int) -> None:
-        while len(self.partitions) < undeleted_count:
-            self.partitions.append([])
-        boundaries = [Boundary(len(records)) for records in self.partitions]
-        self.log = self.log.append(self.log.next_generation(undeleted_count, boundaries))
-
-
-def modes_of(log: GenerationLog) -> list[PartitionMode]:
-    return [
-        RW if p < log.current.undeleted_count else RO for p in range(log.current.physical_count)
-    ]
 
 
 def naive_direct_waits(log: GenerationLog, partition: int, generation: int) -> list[Wait]:
@@ -99,24 +63,6 @@ def every_wait_into(log: GenerationLog, partition: int, generation: int) -> list
             found.append(wait)
             pending.append((wait.source, wait.generation - 1))
     return found
-
-
-@st.composite
-def topics(draw: st.DrawFn) -> SimulatedTopic:
-    initial = draw(st.integers(1, 4))
-    topic = SimulatedTopic.create(initial)
-    keys = st.integers(0, 63)
-    for key in draw(st.lists(keys, max_size=12)):
-        topic.produce(key)
-    for _ in range(draw(st.integers(1, 8))):
-        current = topic.log.current.undeleted_count
-        target = draw(st.integers(initial, 4 * initial + 7))
-        if target >= current:
-            target += 1  # any count but the current one
-        topic.change_count(target)
-        for key in draw(st.lists(keys, max_size=12)):
-            topic.produce(key)
-    return topic
 
 
 @settings(max_examples=300, deadline=None)
