@@ -13,11 +13,19 @@ a record that waits on it is delivered, each acknowledged once.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.gate import GroupProgress, Wait, direct_waits, gate, waits_into
-from sidecar.core.generations import Boundary, ChangeKind, GenerationLog, PartitionMode
+from sidecar.core.generations import (
+    Boundary,
+    ChangeKind,
+    FoldedGeneration,
+    FoldedWait,
+    GenerationLog,
+    PartitionMode,
+)
 from sidecar.core.handoff import revocation_points, revocations_due, revoked_through
 from sidecar.core.routing import expansion_blocker, shrink_blockers
 from tests.support.simulated_topic import SimulatedTopic, modes_of, topics
@@ -346,3 +354,40 @@ def test_revoked_through_stops_at_the_first_unacknowledged_revocation() -> None:
     assert revoked_through(log, {(0, 1), (0, 3), (1, 2)}) == {0: 3, 1: 3}
     # Acknowledging a later one first does not skip the earlier one.
     assert revoked_through(log, {(0, 3)}) == {0: 0, 1: 1}
+
+
+def test_a_compacted_log_starts_the_closure_from_its_folded_waits() -> None:
+    # N=1: 1 -> 2 moves keys of 0 to the new 1 (boundary 4), 2 -> 3 moves keys of 0 to
+    # the new 2 (boundary 8). Generations 0 and 1 folded: the log begins at 2 and keeps
+    # what changes 1 and 2 impose as folded waits.
+    full = GenerationLog.start(1)
+    full = full.append(full.next_generation(2, [Boundary(4), Boundary(0)]))
+    full = full.append(full.next_generation(3, [Boundary(8), Boundary(5), Boundary(0)]))
+    folded = GenerationLog.after_fold(
+        1,
+        full[2],
+        [
+            FoldedWait(1, 0, 4, 1, ChangeKind.EXPANSION),
+            FoldedWait(2, 0, 8, 2, ChangeKind.EXPANSION),
+        ],
+    )
+    # Then a shrink to 1 moves the keys of 1 and 2 back into 0.
+    shrink = [Boundary(9), Boundary(6), Boundary(2)]
+    full = full.append(full.next_generation(1, shrink))
+    folded = folded.append(folded.next_generation(1, shrink))
+    assert direct_waits(folded, 1, 2) == ()  # change 1 is folded ...
+    assert waits_into(folded, 1, 2) == (Wait(0, 4, 1, ChangeKind.EXPANSION),)  # ... not its wait
+    assert waits_into(folded, 0, 3) == (
+        Wait(0, 8, 2, ChangeKind.EXPANSION),  # inherited through 2, as in the full log
+        Wait(1, 6, 3, ChangeKind.SHRINK),
+        Wait(2, 2, 3, ChangeKind.SHRINK),
+    )
+    for partition in range(3):
+        for generation in (2, 3):
+            assert waits_into(folded, partition, generation) == waits_into(
+                full, partition, generation
+            )
+    with pytest.raises(FoldedGeneration):
+        waits_into(folded, 1, 1)
+    with pytest.raises(FoldedGeneration):
+        direct_waits(folded, 1, 1)
