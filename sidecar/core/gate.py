@@ -23,6 +23,11 @@ Why no wait can be part of a cycle: a record of generation ``g`` waits only for
 records below ``boundary_k[q]`` with ``k <= g``, and those all belong to generations
 strictly older than ``k``. Generations are well-ordered, so every chain of waits
 ends. This is what allows an expansion while a shrink is still draining.
+
+A compacted log (``sidecar.core.compaction``) no longer has its oldest changes. What
+they imposed on records of its first generation and later is kept as the log's folded
+waits, and the closure starts from those where it would have gone on into the folded
+changes: a record's waits are the same as in the log before compaction.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import NamedTuple
 
-from sidecar.core.generations import ChangeKind, GenerationLog, PartitionMode
+from sidecar.core.generations import ChangeKind, FoldedGeneration, GenerationLog, PartitionMode
 from sidecar.core.routing import expansion_blocker, shrink_blockers
 
 
@@ -108,12 +114,15 @@ class GateDecision:
 
 
 def direct_waits(log: GenerationLog, partition: int, generation: int) -> tuple[Wait, ...]:
-    """The waits of changes ``1..generation`` that moved keys straight into ``partition``.
+    """The waits of changes ``1..generation`` that moved keys straight into ``partition``
+    (of a compacted log: the changes it keeps, after its first generation).
 
     Expansion ``k`` that created ``partition``: one wait, on its blocker. Shrink
     ``k`` that kept ``partition``: one wait per retired partition whose keys moved
-    into it (O(log n) for moderate shrinks). Oldest change first.
+    into it (O(log n) for moderate shrinks). Oldest change first. Raises
+    FoldedGeneration if ``generation`` was folded.
     """
+    _require_kept(log, generation)
     numbers, changes = _direct_wait_table(log).get(partition, ((), ()))
     return tuple(w for waits in changes[: bisect.bisect_right(numbers, generation)] for w in waits)
 
@@ -123,13 +132,24 @@ def waits_into(log: GenerationLog, partition: int, generation: int) -> tuple[Wai
 
     The transitive closure of ``direct_waits`` (see the module comment), one wait per
     source partition, sorted by source. Waits on offset 0 are dropped: always met.
+    Raises FoldedGeneration if ``generation`` was folded (no record of it is left).
     """
+    _require_kept(log, generation)
 
     def compute() -> tuple[Wait, ...]:
         strongest = _strongest_waits(log, partition, generation)
         return tuple(strongest[s] for s in sorted(strongest) if strongest[s].boundary > 0)
 
     return log.derived(("waits_into", partition, generation), compute)
+
+
+def _require_kept(log: GenerationLog, generation: int) -> None:
+    # Below its first generation a compacted log would answer with what the folded
+    # changes left for the first one: more waits than the older records had.
+    if generation < log.first_number:
+        raise FoldedGeneration(
+            f"generation {generation} was folded: the log begins at {log.first_number}"
+        )
 
 
 _DirectWaitTable = dict[int, tuple[list[int], list[tuple[Wait, ...]]]]
@@ -144,8 +164,9 @@ def _direct_wait_table(log: GenerationLog) -> _DirectWaitTable:
 
     def build() -> _DirectWaitTable:
         table: _DirectWaitTable = {}
-        for number in range(1, len(log.generations)):
-            before, after = log[number - 1], log[number]
+        # The changes the log keeps: those into its generations after the first.
+        for before, after in pairwise(log.generations):
+            number = after.number
             old_count, new_count = before.undeleted_count, after.undeleted_count
             moves: dict[int, list[int]]
             if new_count > old_count:
@@ -184,9 +205,12 @@ def _strongest_waits(log: GenerationLog, partition: int, generation: int) -> Map
     log: what ``(p, g)`` reaches is what ``p`` reached at its previous change into it,
     plus each wait of the change at or below ``g`` and what its source reached in the
     generation before that change. Each step goes to an older generation, so it ends
-    (the module comment); an explicit stack, since chains are as long as the log.
+    (the module comment); an explicit stack, since chains are as long as the log. Where
+    no kept change is left, what is reached is what the folded ones left: the log's
+    folded waits (nothing for a log that was never compacted).
     """
     table = _direct_wait_table(log)
+    folded = _folded_waits(log)
     memo: dict[tuple[int, int], dict[int, Wait]] = log.derived(("strongest_waits",), dict)
 
     def node(p: int, g: int) -> tuple[int, int] | None:
@@ -196,7 +220,7 @@ def _strongest_waits(log: GenerationLog, partition: int, generation: int) -> Map
 
     root = node(partition, generation)
     if root is None:
-        return {}
+        return folded.get(partition, {})
     stack = [root]
     while stack:
         current = stack[-1]
@@ -211,15 +235,31 @@ def _strongest_waits(log: GenerationLog, partition: int, generation: int) -> Map
         if needed:
             stack.extend(needed)
             continue
-        strongest = dict(memo[previous]) if previous is not None else {}
+        strongest = dict(memo[previous] if previous is not None else folded.get(p, {}))
         for wait, source_node in zip(waits, inherited, strict=True):
             _keep_stronger(strongest, wait)
-            if source_node is not None:
-                for reached in memo[source_node].values():
-                    _keep_stronger(strongest, reached)
+            source_reached = (
+                memo[source_node] if source_node is not None else folded.get(wait.source, {})
+            )
+            for reached in source_reached.values():
+                _keep_stronger(strongest, reached)
         memo[current] = strongest
         stack.pop()
     return memo[root]
+
+
+def _folded_waits(log: GenerationLog) -> Mapping[int, Mapping[int, Wait]]:
+    """Per partition and source, the waits a compacted log's folded changes left on the
+    partition's records (``GenerationLog.folded_waits``), as the closure uses them."""
+
+    def build() -> dict[int, dict[int, Wait]]:
+        by_partition: dict[int, dict[int, Wait]] = {}
+        for folded in log.folded_waits:
+            wait = Wait(folded.source, folded.boundary, folded.generation, folded.kind)
+            by_partition.setdefault(folded.partition, {})[folded.source] = wait
+        return by_partition
+
+    return log.derived(("folded_waits",), build)
 
 
 def _keep_stronger(strongest: dict[int, Wait], wait: Wait) -> None:

@@ -11,12 +11,18 @@ KIP-253 keeps ``leaderEpochAfterCreation`` / ``leaderEpochBeforeDeletion`` maps 
 converts leader epochs to offsets with OffsetsForLeaderEpoch. The sidecar stores the
 offsets directly; it keeps the partition leader epoch seen with each boundary (KIP-320)
 so that a boundary lost to log truncation can be detected rather than trusted.
+
+A log may have been compacted (``sidecar.core.compaction``): its first generations,
+whose records are all gone, folded into the waits their changes still impose
+(``FoldedWait``). Generation numbers stay absolute (records carry theirs in a header,
+ZooKeeper paths name them): a compacted log begins at ``first_number``, and asking it
+about an older generation raises ``FoldedGeneration``.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar, cast
@@ -45,6 +51,15 @@ class ChangeKind(StrEnum):
 
 class InvalidGenerationLog(ValueError):
     """A generation would break the log's invariants (count, boundaries, numbering)."""
+
+
+class FoldedGeneration(KeyError):
+    """A generation that compaction folded away was asked about: its records are gone,
+    and the log no longer knows its count or boundaries."""
+
+    def __str__(self) -> str:
+        # KeyError's own str() is the repr of its argument, quotes included.
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +95,29 @@ class Generation:
 
 
 @dataclass(frozen=True, slots=True)
+class FoldedWait:
+    """A wait that a change folded away by compaction still imposes on the records of
+    ``partition`` in the log's first kept generation and later (``sidecar.core.gate``
+    inherits it as it would from the change itself): the group must have consumed
+    ``source`` up to ``boundary`` at change ``generation`` (of kind ``kind``)."""
+
+    partition: int
+    source: int
+    boundary: int
+    generation: int
+    kind: ChangeKind
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationLog:
-    """The committed generations of one topic, oldest first; numbers are 0, 1, 2, ..."""
+    """The committed generations of one topic, oldest first, numbered consecutively from
+    ``first_number`` (0 unless the log was compacted)."""
 
     initial_count: int
     generations: tuple[Generation, ...]
+    folded_waits: tuple[FoldedWait, ...] = ()
+    """The waits the folded changes leave, one per (partition, source), sorted; empty
+    unless the log was compacted (see ``sidecar.core.compaction``)."""
     _by_partition: dict[int, tuple[list[int], list[int]]] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
@@ -118,14 +151,64 @@ class GenerationLog:
         first = Generation(0, initial_count, tuple(boundaries))
         return cls(initial_count, (first,))
 
+    @classmethod
+    def after_fold(
+        cls, initial_count: int, base: Generation, folded_waits: Iterable[FoldedWait]
+    ) -> GenerationLog:
+        """The log of a topic whose generations before ``base`` were folded: ``base``
+        is its first generation, ``folded_waits`` what the folded changes still impose.
+
+        Raises InvalidGenerationLog if ``base`` is not a generation the topic could have
+        (count below N or above its physical partitions; generation 0 with another count
+        than N) or a wait does not fit it (a partition it lacks, a change after it, a
+        boundary above the source's in ``base``, two waits for one partition and source).
+        """
+        if base.number < 0:
+            raise InvalidGenerationLog(f"generation {base.number} is negative")
+        if not 1 <= initial_count <= base.undeleted_count <= base.physical_count:
+            raise InvalidGenerationLog(
+                f"generation {base.number} has {base.undeleted_count} undeleted of "
+                f"{base.physical_count} partitions, and the initial count is {initial_count}"
+            )
+        ordered = tuple(sorted(folded_waits, key=lambda w: (w.partition, w.source)))
+        if base.number == 0 and (base.undeleted_count != initial_count or ordered):
+            raise InvalidGenerationLog("generation 0 has the initial count and folds nothing")
+        for index, wait in enumerate(ordered):
+            source_boundary = base.boundary(wait.source)
+            if (
+                not 0 <= wait.partition < base.physical_count
+                or source_boundary is None
+                or not 1 <= wait.generation <= base.number
+                or not 0 < wait.boundary <= source_boundary
+            ):
+                raise InvalidGenerationLog(f"{wait} does not fit generation {base.number}")
+            if index and (ordered[index - 1].partition, ordered[index - 1].source) == (
+                wait.partition,
+                wait.source,
+            ):
+                raise InvalidGenerationLog(f"two folded waits of {wait.partition} on {wait.source}")
+        return cls(initial_count, (base,), ordered)
+
+    @property
+    def first_number(self) -> int:
+        """The number of the oldest generation the log keeps; those before were folded."""
+        return self.generations[0].number
+
     @property
     def current(self) -> Generation:
         return self.generations[-1]
 
     def __getitem__(self, number: int) -> Generation:
-        if not 0 <= number < len(self.generations):
+        """Generation ``number``. Raises FoldedGeneration if it was folded, KeyError if
+        it is not committed yet."""
+        index = number - self.first_number
+        if index < 0:
+            raise FoldedGeneration(
+                f"generation {number} was folded: the log begins at {self.first_number}"
+            )
+        if index >= len(self.generations):
             raise KeyError(number)
-        return self.generations[number]
+        return self.generations[index]
 
     def next_generation(self, undeleted_count: int, boundaries: Sequence[Boundary]) -> Generation:
         """Validate and build the generation that would follow the current one.
@@ -164,13 +247,20 @@ class GenerationLog:
             raise InvalidGenerationLog(
                 f"generation {generation.number} cannot follow {self.current.number}"
             )
-        return GenerationLog(self.initial_count, (*self.generations, generation))
+        return GenerationLog(self.initial_count, (*self.generations, generation), self.folded_waits)
 
     def change_kind(self, number: int) -> ChangeKind:
-        """Whether generation ``number`` began with an expansion or a shrink."""
+        """Whether generation ``number`` began with an expansion or a shrink.
+
+        Raises FoldedGeneration if that change was folded (so is the change into the
+        first generation of a compacted log), KeyError if it is not committed yet.
+        """
+        after = self[number]
         if number == 0:
             return ChangeKind.CREATED
-        before, after = self[number - 1], self[number]
+        if number == self.first_number:
+            raise FoldedGeneration(f"the change into generation {number} was folded")
+        before = self[number - 1]
         if after.undeleted_count > before.undeleted_count:
             return ChangeKind.EXPANSION
         return ChangeKind.SHRINK
@@ -192,8 +282,10 @@ class GenerationLog:
         numbers, offsets = self._boundaries_in(partition)
         index = bisect.bisect_right(offsets, offset) - 1
         if index < 0:
+            folded = self.first_number > 0
             raise ValueError(
-                f"offset {offset} of partition {partition} is below its first boundary {offsets[0]}"
+                f"offset {offset} of partition {partition} is below its first boundary "
+                f"{offsets[0]}" + (" (the generations before it were folded)" if folded else "")
             )
         end = offsets[index + 1] if index + 1 < len(offsets) else None
         return numbers[index], end

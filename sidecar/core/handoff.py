@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from itertools import pairwise
 from typing import ClassVar, NamedTuple
 
 from sidecar.core.consume import TopicPartition
@@ -140,27 +141,32 @@ def revocations_crossed(
 
 
 def revocation_points(log: GenerationLog, partition: int) -> tuple[Revocation, ...]:
-    """Every change that moved keys away from ``partition``, oldest first."""
+    """Every change that moved keys away from ``partition``, oldest first.
+
+    A compacted log has none of its folded changes (``sidecar.core.compaction`` folds
+    one only once no group is owed its revocations: their boundaries lie at or below
+    the log start, and no known group that read the partition still waits to be told).
+    """
     return log.derived(("revocation_points", partition), lambda: _revocation_points(log, partition))
 
 
 def _revocation_points(log: GenerationLog, partition: int) -> tuple[Revocation, ...]:
     points: list[Revocation] = []
-    for number, sources in enumerate(_relocation_sources(log)):
-        boundary = log[number].boundary(partition)
+    for generation, sources in zip(log.generations, _relocation_sources(log), strict=True):
+        boundary = generation.boundary(partition)
         if partition in sources and boundary is not None:
-            points.append(Revocation(partition, number, boundary))
+            points.append(Revocation(partition, generation.number, boundary))
     return tuple(points)
 
 
 def _relocation_sources(log: GenerationLog) -> tuple[frozenset[int], ...]:
-    """Per generation number, the partitions whose keys its change moved away (none for
-    generation 0): once per log, shared by every partition's revocation points."""
+    """Per generation the log keeps, the partitions whose keys its change moved away
+    (none for its first generation: generation 0, or the change into it was folded):
+    once per log, shared by every partition's revocation points."""
 
     def compute() -> tuple[frozenset[int], ...]:
         sources = [frozenset[int]()]
-        for number in range(1, len(log.generations)):
-            before, after = log[number - 1], log[number]
+        for before, after in pairwise(log.generations):
             moved = relocations(log.initial_count, before.undeleted_count, after.undeleted_count)
             sources.append(frozenset(source for source, _ in moved))
         return tuple(sources)

@@ -195,7 +195,9 @@ def relocation_sources(
     and which may still hold its data (not removed). Oldest generation first.
 
     These get a relocation tombstone on compacted topics (DESIGN §7), so compaction
-    drops the key's stale value there.
+    drops the key's stale value there. A compacted log names only the generations it
+    keeps (``sidecar.core.compaction``): a partition only folded ones routed the key to
+    holds none of its records any more.
     """
     sources: list[int] = []
     for generation in log.generations[:-1]:

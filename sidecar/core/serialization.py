@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from sidecar.core.generations import Boundary, Generation, GenerationLog, PartitionMode
+from sidecar.core.generations import (
+    Boundary,
+    ChangeKind,
+    FoldedWait,
+    Generation,
+    GenerationLog,
+    PartitionMode,
+)
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId, TransactionalId
 from sidecar.core.topics import PendingBarrier, TopicConfig
 
@@ -60,15 +67,59 @@ def generation_from_json(raw: Mapping[str, Any]) -> Generation:
     )
 
 
-def log_from_generations(initial_count: int, generations: list[Generation]) -> GenerationLog:
-    """Rebuild a log from stored generations, checking every invariant again."""
-    ordered = sorted(generations, key=lambda g: g.number)
-    if not ordered or ordered[0].number != 0:
-        raise ValueError("the stored generation log has no generation 0")
-    log = GenerationLog.start(initial_count, ordered[0].boundaries)
+def folded_to_json(log: GenerationLog) -> Json:
+    """What a compacted log keeps of its folded generations (``sidecar.core.compaction``):
+    the number it begins at, and the waits they leave. Stored beside its generations."""
+    return {
+        "first_generation": log.first_number,
+        "waits": [
+            [w.partition, w.source, w.boundary, w.generation, w.kind.value]
+            for w in log.folded_waits
+        ],
+    }
+
+
+def log_from_generations(
+    initial_count: int, generations: list[Generation], folded: Mapping[str, Any] | None = None
+) -> GenerationLog:
+    """Rebuild a log from stored generations and, for a compacted log, what
+    ``folded_to_json`` stored of its folded ones, checking every invariant again.
+
+    Without ``folded`` (every log stored before compaction existed) the log begins at
+    generation 0. A stored generation older than the first kept one is left out: it was
+    folded, and the folded waits stand for it. Raises ValueError if the generations do
+    not make a log from there, or ``folded`` is malformed.
+    """
+    first, waits = (0, ()) if folded is None else _folded(folded)
+    ordered = sorted((g for g in generations if g.number >= first), key=lambda g: g.number)
+    if not ordered or ordered[0].number != first:
+        raise ValueError(f"the stored generation log has no generation {first}")
+    if first == 0 and not waits:
+        log = GenerationLog.start(initial_count, ordered[0].boundaries)
+    else:
+        log = GenerationLog.after_fold(initial_count, ordered[0], waits)
     for generation in ordered[1:]:
         log = log.append(generation)
     return log
+
+
+def _folded(raw: Mapping[str, Any]) -> tuple[int, tuple[FoldedWait, ...]]:
+    def build() -> tuple[int, tuple[FoldedWait, ...]]:
+        waits = []
+        for item in _typed(raw["waits"], list):
+            partition, source, boundary, generation, kind = _typed(item, list)
+            waits.append(
+                FoldedWait(
+                    _typed(partition, int),
+                    _typed(source, int),
+                    _typed(boundary, int),
+                    _typed(generation, int),
+                    ChangeKind(kind),
+                )
+            )
+        return _typed(raw["first_generation"], int), tuple(waits)
+
+    return _parsing("folded generations", build)
 
 
 def modes_to_json(modes: tuple[PartitionMode, ...]) -> list[str]:

@@ -13,52 +13,24 @@ a record that waits on it is delivered, each acknowledged once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.gate import GroupProgress, Wait, direct_waits, gate, waits_into
-from sidecar.core.generations import Boundary, ChangeKind, GenerationLog, PartitionMode
+from sidecar.core.generations import (
+    Boundary,
+    ChangeKind,
+    FoldedGeneration,
+    FoldedWait,
+    GenerationLog,
+    PartitionMode,
+)
 from sidecar.core.handoff import revocation_points, revocations_due, revoked_through
-from sidecar.core.routing import expansion_blocker, linear_hash_partition, shrink_blockers
+from sidecar.core.routing import expansion_blocker, shrink_blockers
+from tests.support.simulated_topic import SimulatedTopic, modes_of, topics
 
 RW, RO, REMOVED = PartitionMode.READ_WRITE, PartitionMode.READ_ONLY, PartitionMode.REMOVED
-
-
-@dataclass
-class SimulatedTopic:
-    """A topic's records (key, per-key sequence) per partition, and its generation log."""
-
-    initial_count: int
-    log: GenerationLog
-    partitions: list[list[tuple[int, int]]]
-    next_sequence: dict[int, int] = field(default_factory=dict)
-
-    @classmethod
-    def create(cls, initial_count: int) -> SimulatedTopic:
-        return cls(
-            initial_count, GenerationLog.start(initial_count), [[] for _ in range(initial_count)]
-        )
-
-    def produce(self, key: int) -> None:
-        # The key itself serves as its non-negative hash.
-        partition = linear_hash_partition(key, self.initial_count, self.log.current.undeleted_count)
-        sequence = self.next_sequence.get(key, 0)
-        self.next_sequence[key] = sequence + 1
-        self.partitions[partition].append((key, sequence))
-
-    def change_count(self, undeleted_count: int) -> None:
-        while len(self.partitions) < undeleted_count:
-            self.partitions.append([])
-        boundaries = [Boundary(len(records)) for records in self.partitions]
-        self.log = self.log.append(self.log.next_generation(undeleted_count, boundaries))
-
-
-def modes_of(log: GenerationLog) -> list[PartitionMode]:
-    return [
-        RW if p < log.current.undeleted_count else RO for p in range(log.current.physical_count)
-    ]
 
 
 def naive_direct_waits(log: GenerationLog, partition: int, generation: int) -> list[Wait]:
@@ -99,24 +71,6 @@ def every_wait_into(log: GenerationLog, partition: int, generation: int) -> list
             found.append(wait)
             pending.append((wait.source, wait.generation - 1))
     return found
-
-
-@st.composite
-def topics(draw: st.DrawFn) -> SimulatedTopic:
-    initial = draw(st.integers(1, 4))
-    topic = SimulatedTopic.create(initial)
-    keys = st.integers(0, 63)
-    for key in draw(st.lists(keys, max_size=12)):
-        topic.produce(key)
-    for _ in range(draw(st.integers(1, 8))):
-        current = topic.log.current.undeleted_count
-        target = draw(st.integers(initial, 4 * initial + 7))
-        if target >= current:
-            target += 1  # any count but the current one
-        topic.change_count(target)
-        for key in draw(st.lists(keys, max_size=12)):
-            topic.produce(key)
-    return topic
 
 
 @settings(max_examples=300, deadline=None)
@@ -400,3 +354,40 @@ def test_revoked_through_stops_at_the_first_unacknowledged_revocation() -> None:
     assert revoked_through(log, {(0, 1), (0, 3), (1, 2)}) == {0: 3, 1: 3}
     # Acknowledging a later one first does not skip the earlier one.
     assert revoked_through(log, {(0, 3)}) == {0: 0, 1: 1}
+
+
+def test_a_compacted_log_starts_the_closure_from_its_folded_waits() -> None:
+    # N=1: 1 -> 2 moves keys of 0 to the new 1 (boundary 4), 2 -> 3 moves keys of 0 to
+    # the new 2 (boundary 8). Generations 0 and 1 folded: the log begins at 2 and keeps
+    # what changes 1 and 2 impose as folded waits.
+    full = GenerationLog.start(1)
+    full = full.append(full.next_generation(2, [Boundary(4), Boundary(0)]))
+    full = full.append(full.next_generation(3, [Boundary(8), Boundary(5), Boundary(0)]))
+    folded = GenerationLog.after_fold(
+        1,
+        full[2],
+        [
+            FoldedWait(1, 0, 4, 1, ChangeKind.EXPANSION),
+            FoldedWait(2, 0, 8, 2, ChangeKind.EXPANSION),
+        ],
+    )
+    # Then a shrink to 1 moves the keys of 1 and 2 back into 0.
+    shrink = [Boundary(9), Boundary(6), Boundary(2)]
+    full = full.append(full.next_generation(1, shrink))
+    folded = folded.append(folded.next_generation(1, shrink))
+    assert direct_waits(folded, 1, 2) == ()  # change 1 is folded ...
+    assert waits_into(folded, 1, 2) == (Wait(0, 4, 1, ChangeKind.EXPANSION),)  # ... not its wait
+    assert waits_into(folded, 0, 3) == (
+        Wait(0, 8, 2, ChangeKind.EXPANSION),  # inherited through 2, as in the full log
+        Wait(1, 6, 3, ChangeKind.SHRINK),
+        Wait(2, 2, 3, ChangeKind.SHRINK),
+    )
+    for partition in range(3):
+        for generation in (2, 3):
+            assert waits_into(folded, partition, generation) == waits_into(
+                full, partition, generation
+            )
+    with pytest.raises(FoldedGeneration):
+        waits_into(folded, 1, 1)
+    with pytest.raises(FoldedGeneration):
+        direct_waits(folded, 1, 1)

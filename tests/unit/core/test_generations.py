@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from sidecar.core.generations import (
     Boundary,
     ChangeKind,
+    FoldedGeneration,
+    FoldedWait,
     Generation,
     GenerationLog,
     InvalidGenerationLog,
@@ -126,6 +128,84 @@ def test_every_offset_belongs_to_exactly_the_generation_whose_range_holds_it(
                 assert end > offset
                 assert log.generation_of(partition, end - 1) == number
                 assert log.generation_of(partition, end) > number
+
+
+def test_an_uncompacted_log_begins_at_generation_zero() -> None:
+    log = GenerationLog.start(2)
+    log = log.append(log.next_generation(3, bounds(4, 4, 0)))
+    assert log.first_number == 0
+    assert log.folded_waits == ()
+    with pytest.raises(KeyError):
+        log[2]
+
+
+def _folded_at_three() -> GenerationLog:
+    # N=1: the topic went 1 -> 2 -> 4 -> 3 (generations 0-3), then 0-2 were folded.
+    base = Generation(3, 3, tuple(bounds(9, 7, 5, 4)))
+    waits = [
+        FoldedWait(2, 0, 6, 2, ChangeKind.EXPANSION),
+        FoldedWait(1, 0, 3, 1, ChangeKind.EXPANSION),
+    ]
+    return GenerationLog.after_fold(1, base, waits)
+
+
+def test_a_compacted_log_keeps_absolute_numbers_and_refuses_folded_ones() -> None:
+    log = _folded_at_three()
+    assert log.first_number == 3
+    # Sorted by (partition, source), whatever order they came in.
+    assert [(w.partition, w.source) for w in log.folded_waits] == [(1, 0), (2, 0)]
+    log = log.append(log.next_generation(5, bounds(12, 8, 6, 4, 0)))
+    assert log.current.number == 4
+    assert log[4].undeleted_count == 5
+    assert log.folded_waits == _folded_at_three().folded_waits
+    assert log.change_kind(4) is ChangeKind.EXPANSION
+    with pytest.raises(FoldedGeneration, match="generation 2 was folded: the log begins at 3"):
+        log[2]
+    with pytest.raises(FoldedGeneration, match="the change into generation 3 was folded"):
+        log.change_kind(3)
+    with pytest.raises(FoldedGeneration):
+        log.change_kind(0)
+    assert log.generation_of(0, 9) == 3
+    assert log.generation_of(0, 12) == 4
+    with pytest.raises(ValueError, match=r"below its first boundary 9 .*folded"):
+        log.generation_of(0, 8)
+
+
+def test_logs_that_fold_different_waits_differ() -> None:
+    log = _folded_at_three()
+    other = GenerationLog.after_fold(1, log.current, log.folded_waits[:1])
+    assert log != other
+    assert log == GenerationLog.after_fold(1, log.current, reversed(log.folded_waits))
+
+
+_TWO = Generation(2, 2, tuple(bounds(5, 5)))
+"""A generation 2 of N=1 that a fold could begin at."""
+
+
+def _expansion_wait(partition: int, source: int, boundary: int, generation: int) -> FoldedWait:
+    return FoldedWait(partition, source, boundary, generation, ChangeKind.EXPANSION)
+
+
+@pytest.mark.parametrize(
+    ("base", "waits", "message"),
+    [
+        (Generation(3, 4, tuple(bounds(1, 1, 1))), [], "undeleted of 3"),
+        (Generation(3, 0, ()), [], "undeleted of 0"),
+        (Generation(0, 2, tuple(bounds(1, 1))), [], "generation 0"),
+        (Generation(0, 1, tuple(bounds(1, 1))), [_expansion_wait(1, 0, 1, 1)], "generation 0"),
+        (_TWO, [_expansion_wait(1, 0, 6, 1)], "fit"),  # above the source's boundary
+        (_TWO, [_expansion_wait(1, 0, 0, 1)], "fit"),  # at 0: never kept
+        (_TWO, [_expansion_wait(1, 0, 5, 3)], "fit"),  # a change after the first generation
+        (_TWO, [_expansion_wait(2, 0, 5, 1)], "fit"),  # a partition it lacks
+        (_TWO, [_expansion_wait(1, 2, 5, 1)], "fit"),  # a source it lacks
+        (_TWO, [_expansion_wait(1, 0, 5, 1), _expansion_wait(1, 0, 4, 2)], "two folded waits"),
+    ],
+)
+def test_a_folded_log_that_cannot_be_is_refused(
+    base: Generation, waits: list[FoldedWait], message: str
+) -> None:
+    with pytest.raises(InvalidGenerationLog, match=message):
+        GenerationLog.after_fold(1, base, waits)
 
 
 def test_modes_after_commit() -> None:

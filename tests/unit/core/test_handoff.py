@@ -13,7 +13,9 @@ from sidecar.core.handoff import (
     HandoffLedger,
     Revocation,
     is_gated,
+    revocation_points,
     revocations_crossed,
+    revoked_through,
 )
 
 
@@ -147,3 +149,22 @@ def test_the_ledger_tells_each_hand_off_once(steps: list[tuple[str, Any]]) -> No
         subjects_pending = [(e.kind, e.subject) for e in ledger.pending.values()]
         assert len(subjects_pending) == len(set(subjects_pending))
         assert not ledger.pending.keys() & ledger.retired.keys()
+
+
+def test_a_compacted_log_has_the_revocations_of_the_changes_it_keeps() -> None:
+    # N=1: 1 -> 2 (0 loses keys at 4), 2 -> 3 (0 loses keys at 8), then 3 -> 1 (1 and 2
+    # lose keys at 6 and 2). Folded up to generation 2, only the shrink is left.
+    full = GenerationLog.start(1)
+    full = full.append(full.next_generation(2, [Boundary(4), Boundary(0)]))
+    full = full.append(full.next_generation(3, [Boundary(8), Boundary(5), Boundary(0)]))
+    folded = GenerationLog.after_fold(1, full[2], [])
+    shrink = [Boundary(9), Boundary(6), Boundary(2)]
+    full = full.append(full.next_generation(1, shrink))
+    folded = folded.append(folded.next_generation(1, shrink))
+    assert revocation_points(full, 0) == (Revocation(0, 1, 4), Revocation(0, 2, 8))
+    assert revocation_points(folded, 0) == ()
+    for partition in (1, 2):
+        assert revocation_points(folded, partition) == revocation_points(full, partition)
+    assert revocation_points(folded, 2) == (Revocation(2, 3, 2),)
+    assert revoked_through(folded, set()) == {0: 3, 1: 2, 2: 2}
+    assert revoked_through(full, set()) == {0: 0, 1: 2, 2: 2}
