@@ -2,14 +2,16 @@
 
 Builds the ``AIOKafkaConsumer`` a consumer instance reads with (read-committed, the
 ordered assignor, short metadata age), relays its rebalance listener to a
-``RebalanceHandler``, and translates aiokafka's errors into ``KafkaUnavailable``. The
-service sees only ``sidecar.core.consume`` types; partitions go in and out as the
-core's ``TopicPartition`` and records as aiokafka returns them (they have the
+``RebalanceHandler``, commits with leader epochs (``adapters.offset_commit``), and
+translates aiokafka's errors into ``KafkaUnavailable``. The service sees only
+``sidecar.core.consume`` types; partitions go in and out as the core's
+``TopicPartition`` and records as aiokafka returns them (they have the
 ``ConsumedRecord`` shape).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.adapters import record_epochs
 from sidecar.adapters.kafka import consumer_settings
+from sidecar.adapters.offset_commit import CommitEpochsInFlight, carry_epochs
 from sidecar.adapters.offset_fetch import check_group_consumer
 from sidecar.config import KafkaSettings
 from sidecar.core.assignment import assign
@@ -128,8 +131,13 @@ class GroupConsumer:
     """One started aiokafka consumer. Every method that talks to Kafka raises
     KafkaUnavailable for what aiokafka raises."""
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(
+        self, consumer: AIOKafkaConsumer, commit_epochs: CommitEpochsInFlight | None = None
+    ) -> None:
         self._consumer = consumer
+        self._commit_epochs = commit_epochs
+        """Where ``commit`` hands the leader epochs to the coordinator's send (None: the
+        consumer commits without epochs)."""
         self._assignment_seen: object = None
         self._incarnation = next(_incarnations)
 
@@ -166,7 +174,8 @@ class GroupConsumer:
         # Before the first subscribe: a coordinator that is loading the group's offsets
         # must not be read as "nothing committed" (that rewinds or skips the partition).
         check_group_consumer(consumer)
-        return cls(consumer)
+        # Commits carry the leader epoch of what was read below them (KIP-320).
+        return cls(consumer, carry_epochs(consumer))
 
     # Subscription and assignment ----------------------------------------------------------
 
@@ -266,13 +275,28 @@ class GroupConsumer:
 
     # Offsets and positions ----------------------------------------------------------------
 
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], epochs: Mapping[TopicPartition, int | None]
+    ) -> None:
+        """Commit ``offsets`` for the group, each with the leader epoch of the last batch
+        read below it (``epochs``; a partition missing or None: unknown, committed as
+        -1). Raises KafkaUnavailable."""
         to_commit = {
             KafkaTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(offset, "")
             for tp, offset in offsets.items()
         }
+        carried = {}
+        for tp, offset in offsets.items():
+            epoch = epochs.get(tp)
+            if epoch is not None and epoch >= 0:
+                carried[(tp.topic, tp.partition, offset)] = epoch
         try:
-            await self._consumer.commit(to_commit)
+            with (
+                contextlib.nullcontext()
+                if self._commit_epochs is None
+                else self._commit_epochs.carrying(carried)
+            ):
+                await self._consumer.commit(to_commit)
         except KafkaError as exc:
             raise KafkaUnavailable(f"commit failed: {exc}") from exc
 

@@ -88,7 +88,7 @@ class Offsets:
             to_commit[tp] = offset
         if not to_commit:
             return
-        await consumer.commit(to_commit)
+        await consumer.commit(to_commit, {})
         for tp, offset in to_commit.items():
             # The state the offset was checked against, unless a rebalance replaced it.
             if self.positions.get(tp) is states[tp]:

@@ -180,6 +180,7 @@ class GroupConsumer:
     positions: dict[TopicPartition, int | None] = field(default_factory=dict)
     next_fetch: dict[TopicPartition, list[Record]] = field(default_factory=dict)
     commits: list[dict[TopicPartition, int]] = field(default_factory=list)
+    commit_epochs: list[dict[TopicPartition, int | None]] = field(default_factory=list)
     group_committed: dict[TopicPartition, int] = field(default_factory=dict)
     highwaters: dict[TopicPartition, int] = field(default_factory=dict)
     paused: set[TopicPartition] = field(default_factory=set)
@@ -237,8 +238,11 @@ class GroupConsumer:
     def highwater(self, tp: TopicPartition) -> int | None:
         return self.highwaters.get(tp)
 
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], epochs: Mapping[TopicPartition, int | None]
+    ) -> None:
         self.commits.append(dict(offsets))
+        self.commit_epochs.append(dict(epochs))
         self.group_committed.update(offsets)
 
     async def committed(self, tp: TopicPartition) -> int | None:
