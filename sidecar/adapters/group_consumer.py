@@ -33,7 +33,7 @@ from sidecar.adapters.offset_commit import CommitEpochsInFlight, carry_epochs
 from sidecar.adapters.offset_fetch import check_group_consumer
 from sidecar.config import KafkaSettings
 from sidecar.core.assignment import assign
-from sidecar.core.consume import ConsumedRecord, TopicPartition
+from sidecar.core.consume import ConsumedRecord, LastBatch, TopicPartition
 from sidecar.core.errors import KafkaUnavailable
 from sidecar.core.generations import PartitionMode
 
@@ -45,12 +45,14 @@ _incarnations = itertools.count(1)
 
 class Fetched(NamedTuple):
     """What one fetch returned, observed in the step it returned in (nothing else of the
-    consumer can run in between): the assignment it was read from, the records, and every
-    assigned partition's position right after it (where known)."""
+    consumer can run in between): the assignment it was read from, the records, every
+    assigned partition's position right after it (where known), and, for those a fetch
+    moved there, the leader epoch of the last batch read (markers included)."""
 
     incarnation: int
     batches: Batches
     positions: dict[TopicPartition, int]
+    last_batches: dict[TopicPartition, LastBatch]
 
 
 class RebalanceHandler(Protocol):
@@ -238,14 +240,21 @@ class GroupConsumer:
         # Same step as aiokafka's drain (its getmany returns without yielding after it):
         # the positions are those the records left, in the assignment they came from.
         positions = {}
+        last_batches = {}
         for tp in self.assignment():
-            position = self.fetch_position(tp)
-            if position is not None:
-                positions[tp] = position
+            state = self._assigned_state(tp)
+            if state is None or not state.has_valid_position:
+                continue
+            position = positions[tp] = int(state.position)
+            last = record_epochs.last_batch_of(state)
+            # Unless a seek or a reset moved the position since a fetch did.
+            if last is not None and last[0] == position and last[1] != record_epochs.NO_EPOCH:
+                last_batches[tp] = LastBatch(position, last[1])
         return Fetched(
             self.incarnation(),
             {TopicPartition(tp.topic, tp.partition): records for tp, records in batches.items()},
             positions,
+            last_batches,
         )
 
     def fetch_position(self, tp: TopicPartition) -> int | None:

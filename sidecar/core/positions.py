@@ -53,7 +53,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from sidecar.core.consume import TopicPartition
+from sidecar.core.consume import LastBatch, TopicPartition
 
 
 class Offsetted(Protocol):
@@ -77,6 +77,9 @@ class Fetch(Generic[R]):
     """Every assigned partition's fetch position right after the fetch returned (those
     whose position is known): past the records returned, and past the markers and
     aborted records among and after them."""
+    last_batches: Mapping[TopicPartition, LastBatch] = field(default_factory=dict)
+    """The partitions whose position a fetch moved to ``positions[tp]``, with the leader
+    epoch of the last batch read (not used here: ``core.commit_epochs``)."""
 
 
 @dataclass(frozen=True, slots=True)

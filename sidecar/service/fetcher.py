@@ -88,7 +88,11 @@ class Fetcher:
         # Read in the same step as the fetch returned, before a seek can run: a fetch
         # taken after a later seek of its partition is dropped.
         return Fetch(
-            fetched.incarnation, self.state.positions.seek_epoch, fetched.batches, fetched.positions
+            fetched.incarnation,
+            self.state.positions.seek_epoch,
+            fetched.batches,
+            fetched.positions,
+            fetched.last_batches,
         )
 
     def cancel(self) -> None:

@@ -230,7 +230,7 @@ class GroupConsumer:
             if batch:
                 self.positions[tp] = batch[-1].offset + 1
         positions = {tp: p for tp in self.assigned if (p := self.positions.get(tp)) is not None}
-        return Fetched(self.incarnation(), dict(fetched), positions)  # type: ignore[arg-type]
+        return Fetched(self.incarnation(), dict(fetched), positions, {})  # type: ignore[arg-type]
 
     def fetch_position(self, tp: TopicPartition) -> int | None:
         return self.positions.get(tp) if tp in self.assigned else None

@@ -82,7 +82,7 @@ class _Consumer:
         for tp, records in fetched.items():
             self.positions[tp].position = records[-1].offset + 2  # a commit marker after
         positions = {tp: p for tp in self.assigned if (p := self.fetch_position(tp)) is not None}
-        return Fetched(self.current, dict(fetched), positions)
+        return Fetched(self.current, dict(fetched), positions, {})
 
 
 def _instance(consumer: _Consumer) -> tuple[ConsumerInstance, Any]:

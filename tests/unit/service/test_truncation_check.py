@@ -104,7 +104,7 @@ class Consumer:
         taken = self.log.records[self.at : self.at + self.batch]
         if taken:
             self.at = taken[-1].offset + 1
-        return Fetched(1, {TP: taken} if taken else {}, {TP: self.at})
+        return Fetched(1, {TP: taken} if taken else {}, {TP: self.at}, {})
 
 
 class Leader:
