@@ -152,6 +152,11 @@ class TruncationCheck:
             target = min(below, default=last.position)
             consumer.seek(tp, target)
         positions.seek_landed(tp, target)
+        if found is not None:
+            # What was read from ``target`` on is no longer in the log, and commits carry
+            # the epochs of what is (nothing is vouched for where the divergence is not
+            # known).
+            self.state.epochs.cut(tp, last.incarnation, 0 if found.resume_at is None else target)
         if found is None:
             reading = positions[tp]
             self._last[tp] = LastRead(
