@@ -28,13 +28,14 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.adapters import record_epochs
-from sidecar.adapters.kafka import consumer_settings
+from sidecar.adapters.kafka import OffsetAndEpoch, consumer_settings
+from sidecar.adapters.kafka_protocol import NO_EPOCH, EpochOffsetFetchRequest
 from sidecar.adapters.offset_commit import CommitEpochsInFlight, carry_epochs
-from sidecar.adapters.offset_fetch import check_group_consumer
+from sidecar.adapters.offset_fetch import check_group_consumer, raise_group_error
 from sidecar.config import KafkaSettings
 from sidecar.core.assignment import assign
 from sidecar.core.consume import ConsumedRecord, LastBatch, TopicPartition
-from sidecar.core.errors import KafkaUnavailable
+from sidecar.core.errors import KafkaFailure, KafkaUnavailable
 from sidecar.core.generations import PartitionMode
 
 Batches = dict[TopicPartition, list[ConsumedRecord]]
@@ -248,7 +249,7 @@ class GroupConsumer:
             position = positions[tp] = int(state.position)
             last = record_epochs.last_batch_of(state)
             # Unless a seek or a reset moved the position since a fetch did.
-            if last is not None and last[0] == position and last[1] != record_epochs.NO_EPOCH:
+            if last is not None and last[0] == position and last[1] != NO_EPOCH:
                 last_batches[tp] = LastBatch(position, last[1])
         return Fetched(
             self.incarnation(),
@@ -315,6 +316,45 @@ class GroupConsumer:
         except KafkaError as exc:
             raise KafkaUnavailable(f"reading committed offsets failed: {exc}") from exc
         return None if offset is None else int(offset)
+
+    async def committed_epochs(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndEpoch]:
+        """The group's committed offset of each of ``partitions`` that has one, with the
+        leader epoch it was committed with (None: committed without one), read once with
+        OffsetFetch v5 from the group's coordinator. A partition answered with an error
+        is left out. Raises KafkaUnavailable (no coordinator known, a group-level error:
+        not asked again here), KafkaFailure (a broker before Kafka 2.1)."""
+        # Through the consumer's own coordinator, not the gateway's admin client: the node
+        # aiokafka read the reading's start position from a moment before, over the
+        # connection it holds (the admin client would first look the coordinator up, one
+        # FindCoordinator per reading), with the consumer's own credentials, which the
+        # group's ACLs are granted to. One request, not aiokafka's retrying
+        # ``fetch_committed_offsets``: its caller goes on without the epochs rather than
+        # hold the records fetched.
+        coordinator = self._consumer._coordinator
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        request = EpochOffsetFetchRequest(coordinator.group_id, sorted(by_topic.items()))
+        try:
+            response = await coordinator._send_req(request)
+            raise_group_error(response, coordinator.coordinator_dead)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"reading committed offsets failed: {exc!r}") from exc
+        except NotImplementedError as exc:  # Request.prepare: no version both sides know
+            raise KafkaFailure(
+                "the group's coordinator does not answer committed leader epochs (KIP-320): "
+                "Kafka 2.1 or later is needed"
+            ) from exc
+        found = {}
+        for topic, rows in response.topics:
+            for partition, offset, epoch, _, error_code in rows:
+                if error_code == 0 and offset >= 0:
+                    found[TopicPartition(topic, partition)] = OffsetAndEpoch(
+                        int(offset), None if epoch == NO_EPOCH else int(epoch)
+                    )
+        return found
 
     async def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int]

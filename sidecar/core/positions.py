@@ -265,6 +265,22 @@ class Positions(Generic[R]):
             state._advance()
         return dropped
 
+    def reading_of(
+        self, tp: TopicPartition, incarnation: int, seek_epoch: int
+    ) -> tuple[int, int] | None:
+        """The reading of ``tp`` that a fetch made in ``incarnation`` at ``seek_epoch``
+        belongs to, as (incarnation, seek stamp): the one ``take`` would put its records
+        in (a new one at the assignment if ``tp`` has no state of that assignment yet).
+        None if that reading has ended (``take`` would drop them)."""
+        if incarnation < self._newest_incarnation or incarnation <= self._revoked_through:
+            return None
+        state = self._states.get(tp)
+        if state is None or state.incarnation < incarnation:
+            return (incarnation, 0)
+        if seek_epoch < state.seek_stamp:
+            return None
+        return (state.incarnation, state.seek_stamp)
+
     def _reading_state(self, tp: TopicPartition, fetch: Fetch[R]) -> PartitionPosition[R] | None:
         """The state ``fetch`` belongs to, made if its reading is the newest and has none
         yet (a fetch may return before the rebalance listener runs); None if its reading

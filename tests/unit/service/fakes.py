@@ -248,6 +248,16 @@ class GroupConsumer:
     async def committed(self, tp: TopicPartition) -> int | None:
         return self.group_committed.get(tp)
 
+    async def committed_epochs(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndEpoch]:
+        """Committed without epochs (as this fake's ``commit`` keeps them)."""
+        return {
+            tp: OffsetAndEpoch(self.group_committed[tp], None)
+            for tp in partitions
+            if tp in self.group_committed
+        }
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.positions[tp] = offset
 

@@ -70,6 +70,9 @@ class _Consumer:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.positions[tp].position = offset
 
+    async def committed_epochs(self, partitions: Iterable[TopicPartition]) -> dict[Any, Any]:
+        return {}  # the group committed nothing
+
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         pass
 

@@ -51,6 +51,8 @@ class Group:
 
     def __init__(self) -> None:
         self.committed: dict[TopicPartition, tuple[int, int | None]] = {}
+        self.away = False
+        """The coordinator cannot be reached."""
 
 
 class Log:
@@ -95,6 +97,8 @@ class Consumer:
         self.reset = "earliest"
         self.sought: list[int] = []
         self.commits: list[tuple[dict[TopicPartition, int], dict[TopicPartition, int | None]]] = []
+        self.offset_fetches: list[list[TopicPartition]] = []
+        """The partitions of each OffsetFetch (v5) asked of the coordinator."""
 
     def assignment(self) -> set[TopicPartition]:
         return {TP}
@@ -139,6 +143,19 @@ class Consumer:
         self.commits.append((dict(offsets), dict(epochs)))
         for tp, offset in offsets.items():
             self.group.committed[tp] = (offset, epochs.get(tp))
+
+    async def committed_epochs(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndEpoch]:
+        """OffsetFetch v5 to the group's coordinator."""
+        self.offset_fetches.append(sorted(partitions))
+        if self.group.away:
+            raise KafkaUnavailable("no coordinator")
+        return {
+            tp: OffsetAndEpoch(*self.group.committed[tp])
+            for tp in partitions
+            if tp in self.group.committed
+        }
 
 
 class Leader:
@@ -409,3 +426,81 @@ async def test_after_a_truncation_commits_carry_the_epochs_of_the_new_log() -> N
     await s.instance.commit({TP: 9})
     await s.instance.commit(None)
     assert [epochs for _, epochs in s.consumer.commits] == [{TP: 1}, {TP: 2}, {TP: 2}]
+
+
+# Readings that start from the group's commit ----------------------------------------------
+
+
+async def test_a_restart_above_where_the_new_log_diverges_reads_again_from_there() -> None:
+    s = Setup()
+    await s.poll()
+    await s.instance.commit(None)
+    assert s.group.committed[TP] == (10, 1)
+    s.log.unclean_election(kept=7, epoch=2, new=6)  # offsets 7..12 now hold new records
+    # A new instance of the group starts from its commit, 10: the new log's 10..12.
+    restarted = Setup(log=s.log, group=s.group)
+    await restarted.poll()
+    assert restarted.consumer.offset_fetches == [[TP]]
+    assert restarted.leader.asked == [{0: 1}]
+    assert restarted.consumer.sought == [7]
+    assert restarted.metrics.truncations == [(TP, 3)]
+    [event] = restarted.audit.events
+    assert (event["position"], event["leader_epoch"], event["resume_at"], event["lost"]) == (
+        10,
+        1,
+        7,
+        3,
+    )
+    await restarted.poll()
+    # Nothing written after the loss is skipped: 7..12 of the new log, in order.
+    assert restarted.delivered == expected_after_loss(7, 6)
+    assert restarted.consumer.offset_fetches == [[TP]]  # once per reading
+
+
+async def test_a_commit_past_the_new_log_end_is_validated_after_the_offset_reset() -> None:
+    s = Setup()
+    await s.poll()
+    await s.instance.commit(None)
+    s.log.unclean_election(kept=7, epoch=2, new=2)  # the log ends at 9, below the commit
+    restarted = Setup(log=s.log, group=s.group)
+    restarted.consumer.reset = "latest"
+    await restarted.poll()  # out of range: aiokafka goes to the end, 9
+    s.log.records += [record(9 + i, 2, b"new") for i in range(4)]
+    await restarted.poll()  # 9..12: below the commit, validated first
+    assert restarted.consumer.sought == [7]
+    await restarted.poll()
+    assert restarted.delivered == expected_after_loss(7, 6)
+
+
+async def test_a_clean_leader_change_between_a_record_and_its_marker_is_no_truncation() -> None:
+    s = Setup()
+    transaction_then_marker(s.log, marker_epoch=2)
+    await s.poll()
+    await s.instance.commit(None)
+    assert s.group.committed[TP] == (6, 2)  # the marker's epoch, not the last record's
+    s.log.clean_election(epoch=3, new=4)
+    restarted = Setup(log=s.log, group=s.group)
+    await restarted.poll()
+    await restarted.poll()
+    # Validated once (epoch 2 ends at 6, where epoch 3 began): nothing moves.
+    assert restarted.leader.asked == [{0: 2}]
+    assert restarted.consumer.sought == []
+    assert restarted.metrics.truncations == []
+    assert restarted.audit.events == []
+    assert restarted.delivered == [(o, b"new") for o in range(6, 10)]
+    assert restarted.consumer.offset_fetches == [[TP]]
+
+
+async def test_a_commit_that_cannot_be_read_leaves_the_reading_unvalidated() -> None:
+    s = Setup()
+    await s.poll()
+    await s.instance.commit(None)
+    s.log.unclean_election(kept=7, epoch=2, new=6)
+    restarted = Setup(log=s.log, group=s.group)
+    restarted.group.away = True
+    await restarted.poll()
+    await restarted.poll()
+    # As before commits carried epochs: from the commit on, asked once.
+    assert restarted.consumer.offset_fetches == [[TP]]
+    assert restarted.leader.asked == []
+    assert restarted.delivered == [(o, b"new") for o in range(10, 13)]
