@@ -1,4 +1,7 @@
-"""Fetching from the instance's Kafka consumer into its positions model.
+"""Fetching from the instance's Kafka consumer into its positions model, and into the
+leader epochs of what was read, which commits carry (``sidecar.core.commit_epochs``);
+a fetch from a new leader, or from the group's commit, is validated first
+(``sidecar.service.truncation_check``).
 
 Partitions whose buffers are full are paused (re-applied every fetch: a rebalance
 forgets pauses). A fetch still waiting when the poll's time is up is left running and
