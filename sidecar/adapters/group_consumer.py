@@ -2,14 +2,16 @@
 
 Builds the ``AIOKafkaConsumer`` a consumer instance reads with (read-committed, the
 ordered assignor, short metadata age), relays its rebalance listener to a
-``RebalanceHandler``, and translates aiokafka's errors into ``KafkaUnavailable``. The
-service sees only ``sidecar.core.consume`` types; partitions go in and out as the
-core's ``TopicPartition`` and records as aiokafka returns them (they have the
+``RebalanceHandler``, commits with leader epochs (``adapters.offset_commit``), and
+translates aiokafka's errors into ``KafkaUnavailable``. The service sees only
+``sidecar.core.consume`` types; partitions go in and out as the core's
+``TopicPartition`` and records as aiokafka returns them (they have the
 ``ConsumedRecord`` shape).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,12 +28,14 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from sidecar.adapters import record_epochs
-from sidecar.adapters.kafka import consumer_settings
-from sidecar.adapters.offset_fetch import check_group_consumer
+from sidecar.adapters.kafka import OffsetAndEpoch, consumer_settings
+from sidecar.adapters.kafka_protocol import NO_EPOCH, EpochOffsetFetchRequest
+from sidecar.adapters.offset_commit import CommitEpochsInFlight, carry_epochs
+from sidecar.adapters.offset_fetch import check_group_consumer, raise_group_error
 from sidecar.config import KafkaSettings
 from sidecar.core.assignment import assign
-from sidecar.core.consume import ConsumedRecord, TopicPartition
-from sidecar.core.errors import KafkaUnavailable
+from sidecar.core.consume import ConsumedRecord, LastBatch, TopicPartition
+from sidecar.core.errors import KafkaFailure, KafkaUnavailable
 from sidecar.core.generations import PartitionMode
 
 Batches = dict[TopicPartition, list[ConsumedRecord]]
@@ -42,12 +46,14 @@ _incarnations = itertools.count(1)
 
 class Fetched(NamedTuple):
     """What one fetch returned, observed in the step it returned in (nothing else of the
-    consumer can run in between): the assignment it was read from, the records, and every
-    assigned partition's position right after it (where known)."""
+    consumer can run in between): the assignment it was read from, the records, every
+    assigned partition's position right after it (where known), and, for those a fetch
+    moved there, the leader epoch of the last batch read (markers included)."""
 
     incarnation: int
     batches: Batches
     positions: dict[TopicPartition, int]
+    last_batches: dict[TopicPartition, LastBatch]
 
 
 class RebalanceHandler(Protocol):
@@ -128,8 +134,13 @@ class GroupConsumer:
     """One started aiokafka consumer. Every method that talks to Kafka raises
     KafkaUnavailable for what aiokafka raises."""
 
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(
+        self, consumer: AIOKafkaConsumer, commit_epochs: CommitEpochsInFlight | None = None
+    ) -> None:
         self._consumer = consumer
+        self._commit_epochs = commit_epochs
+        """Where ``commit`` hands the leader epochs to the coordinator's send (None: the
+        consumer commits without epochs)."""
         self._assignment_seen: object = None
         self._incarnation = next(_incarnations)
 
@@ -166,7 +177,8 @@ class GroupConsumer:
         # Before the first subscribe: a coordinator that is loading the group's offsets
         # must not be read as "nothing committed" (that rewinds or skips the partition).
         check_group_consumer(consumer)
-        return cls(consumer)
+        # Commits carry the leader epoch of what was read below them (KIP-320).
+        return cls(consumer, carry_epochs(consumer))
 
     # Subscription and assignment ----------------------------------------------------------
 
@@ -229,14 +241,21 @@ class GroupConsumer:
         # Same step as aiokafka's drain (its getmany returns without yielding after it):
         # the positions are those the records left, in the assignment they came from.
         positions = {}
+        last_batches = {}
         for tp in self.assignment():
-            position = self.fetch_position(tp)
-            if position is not None:
-                positions[tp] = position
+            state = self._assigned_state(tp)
+            if state is None or not state.has_valid_position:
+                continue
+            position = positions[tp] = int(state.position)
+            last = record_epochs.last_batch_of(state)
+            # Unless a seek or a reset moved the position since a fetch did.
+            if last is not None and last[0] == position and last[1] != NO_EPOCH:
+                last_batches[tp] = LastBatch(position, last[1])
         return Fetched(
             self.incarnation(),
             {TopicPartition(tp.topic, tp.partition): records for tp, records in batches.items()},
             positions,
+            last_batches,
         )
 
     def fetch_position(self, tp: TopicPartition) -> int | None:
@@ -266,13 +285,28 @@ class GroupConsumer:
 
     # Offsets and positions ----------------------------------------------------------------
 
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], epochs: Mapping[TopicPartition, int | None]
+    ) -> None:
+        """Commit ``offsets`` for the group, each with the leader epoch of the last batch
+        read below it (``epochs``; a partition missing or None: unknown, committed as
+        -1). Raises KafkaUnavailable."""
         to_commit = {
             KafkaTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(offset, "")
             for tp, offset in offsets.items()
         }
+        carried = {}
+        for tp, offset in offsets.items():
+            epoch = epochs.get(tp)
+            if epoch is not None and epoch >= 0:
+                carried[(tp.topic, tp.partition, offset)] = epoch
         try:
-            await self._consumer.commit(to_commit)
+            with (
+                contextlib.nullcontext()
+                if self._commit_epochs is None
+                else self._commit_epochs.carrying(carried)
+            ):
+                await self._consumer.commit(to_commit)
         except KafkaError as exc:
             raise KafkaUnavailable(f"commit failed: {exc}") from exc
 
@@ -282,6 +316,45 @@ class GroupConsumer:
         except KafkaError as exc:
             raise KafkaUnavailable(f"reading committed offsets failed: {exc}") from exc
         return None if offset is None else int(offset)
+
+    async def committed_epochs(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndEpoch]:
+        """The group's committed offset of each of ``partitions`` that has one, with the
+        leader epoch it was committed with (None: committed without one), read once with
+        OffsetFetch v5 from the group's coordinator. A partition answered with an error
+        is left out. Raises KafkaUnavailable (no coordinator known, a group-level error:
+        not asked again here), KafkaFailure (a broker before Kafka 2.1)."""
+        # Through the consumer's own coordinator, not the gateway's admin client: the node
+        # aiokafka read the reading's start position from a moment before, over the
+        # connection it holds (the admin client would first look the coordinator up, one
+        # FindCoordinator per reading), with the consumer's own credentials, which the
+        # group's ACLs are granted to. One request, not aiokafka's retrying
+        # ``fetch_committed_offsets``: its caller goes on without the epochs rather than
+        # hold the records fetched.
+        coordinator = self._consumer._coordinator
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        request = EpochOffsetFetchRequest(coordinator.group_id, sorted(by_topic.items()))
+        try:
+            response = await coordinator._send_req(request)
+            raise_group_error(response, coordinator.coordinator_dead)
+        except KafkaError as exc:
+            raise KafkaUnavailable(f"reading committed offsets failed: {exc!r}") from exc
+        except NotImplementedError as exc:  # Request.prepare: no version both sides know
+            raise KafkaFailure(
+                "the group's coordinator does not answer committed leader epochs (KIP-320): "
+                "Kafka 2.1 or later is needed"
+            ) from exc
+        found = {}
+        for topic, rows in response.topics:
+            for partition, offset, epoch, _, error_code in rows:
+                if error_code == 0 and offset >= 0:
+                    found[TopicPartition(topic, partition)] = OffsetAndEpoch(
+                        int(offset), None if epoch == NO_EPOCH else int(epoch)
+                    )
+        return found
 
     async def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int]

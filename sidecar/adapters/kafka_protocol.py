@@ -1,24 +1,29 @@
 """The Kafka requests that carry leader epochs (KIP-320), as aiokafka protocol classes.
 
-aiokafka 0.14 negotiates Metadata up to v5 and ListOffsets up to v3, and has no
-OffsetForLeaderEpoch; leader epochs appear only in Metadata v7, ListOffsets v4 and
-OffsetForLeaderEpoch v2 (v3 adds the replica id a consumer sends). The classes here are
+aiokafka 0.14 negotiates Metadata up to v5, ListOffsets, OffsetCommit and OffsetFetch
+up to v3, and has no OffsetForLeaderEpoch; leader epochs appear only in Metadata v7,
+ListOffsets v4, OffsetForLeaderEpoch v2 (v3 adds the replica id a consumer sends),
+OffsetCommit v6 and OffsetFetch v5 (a committed offset's epoch). The classes here are
 defined the way aiokafka defines its own (``aiokafka/protocol/metadata.py``): a
 ``RequestStruct`` and a ``Response`` per version, and a ``Request`` builder whose type
 parameter lists the versions, so ``AIOKafkaClient.send`` negotiates the version with the
 broker (the highest both know) and decodes the answer. Only versions before each API's
 flexible versions are defined (Metadata v9, ListOffsets v6, OffsetForLeaderEpoch v4 use
-tagged fields, which aiokafka's schemas do not encode).
+tagged fields, which aiokafka's schemas do not encode; OffsetCommit's are v8+ and
+OffsetFetch's v6+).
 
 Field layouts follow Kafka's message definitions (``common/message/*.json`` in
 kafka-clients). aiokafka's own ``OffsetRequest_v4`` declares ``current_leader_epoch`` as
 an INT64 where Kafka has an INT32 (one reason it is not negotiated there), so ListOffsets
 is defined again here rather than reused. Field names follow aiokafka's where it names
 the same field (``partition``, ``leader``, ``replicas``, ``isr``), so a decoded answer
-reads like one of aiokafka's.
+reads like one of aiokafka's; OffsetCommit and OffsetFetch take the names of Kafka's
+definitions (aiokafka's commit path reads their answers by position).
 
 ``tests/unit/adapters/test_kafka_protocol.py`` encodes each request and decodes each
-answer against bytes a Kafka 4.3 broker sent (``ordered_dev/wire_capture.py``).
+answer against bytes a Kafka 4.3 broker sent (``ordered_dev/wire_capture.py``); the
+OffsetCommit and OffsetFetch answers there are packed by hand after Kafka's message
+definitions, not captured yet.
 """
 
 from __future__ import annotations
@@ -284,3 +289,133 @@ class OffsetForLeaderEpochRequest(Request[OffsetForLeaderEpochRequest_v3]):  # t
             (partition, current, asked) for partition, (current, asked) in self.partitions.items()
         ]
         return request_struct_class(CONSUMER_REPLICA_ID, [(self.topic, partitions)])
+
+
+# OffsetCommit (API key 8) ---------------------------------------------------------------
+
+
+class OffsetCommitResponse_v6(Response):  # type: ignore[misc]
+    """Read by aiokafka's commit path as its own answers are: ``topics`` is a list of
+    (name, [(partition_index, error_code)])."""
+
+    API_KEY = 8
+    API_VERSION = 6
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "topics",
+            Array(
+                ("name", String("utf-8")),
+                ("partitions", Array(("partition_index", Int32), ("error_code", Int16))),
+            ),
+        ),
+    )
+
+
+class OffsetCommitRequest_v6(RequestStruct):  # type: ignore[misc]
+    API_KEY = 8
+    API_VERSION = 6
+    RESPONSE_TYPE = OffsetCommitResponse_v6
+    SCHEMA = Schema(
+        ("group_id", String("utf-8")),
+        ("generation_id", Int32),
+        ("member_id", String("utf-8")),
+        (
+            "topics",
+            Array(
+                ("name", String("utf-8")),
+                (
+                    "partitions",
+                    Array(
+                        ("partition_index", Int32),
+                        ("committed_offset", Int64),
+                        ("committed_leader_epoch", Int32),
+                        ("committed_metadata", String("utf-8")),
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+CommittedPartition = tuple[int, int, int, str]
+"""OffsetCommit: (partition, offset, leader epoch or ``NO_EPOCH``, metadata)."""
+
+
+class EpochOffsetCommitRequest(Request[OffsetCommitRequest_v6]):  # type: ignore[misc]
+    """A group member's commit of ``topics`` (name, partitions), each offset with the
+    leader epoch of the last batch read below it (``NO_EPOCH``: unknown), so that a
+    reading starting there later can validate it (KIP-320). v6 has neither the
+    retention time of v2-v4 (the broker's ``offsets.retention.minutes`` rules) nor the
+    group instance id of v7+ (static membership, which the sidecar does not use)."""
+
+    API_KEY = 8
+
+    def __init__(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        topics: list[tuple[str, list[CommittedPartition]]],
+    ) -> None:
+        self.group_id = group_id
+        self.generation_id = generation_id
+        self.member_id = member_id
+        self.topics = topics
+
+    def build(self, request_struct_class: type[OffsetCommitRequest_v6]) -> OffsetCommitRequest_v6:
+        return request_struct_class(self.group_id, self.generation_id, self.member_id, self.topics)
+
+
+# OffsetFetch (API key 9) ----------------------------------------------------------------
+
+
+class OffsetFetchResponse_v5(Response):  # type: ignore[misc]
+    API_KEY = 9
+    API_VERSION = 5
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "topics",
+            Array(
+                ("name", String("utf-8")),
+                (
+                    "partitions",
+                    Array(
+                        ("partition_index", Int32),
+                        ("committed_offset", Int64),
+                        ("committed_leader_epoch", Int32),
+                        ("metadata", String("utf-8")),
+                        ("error_code", Int16),
+                    ),
+                ),
+            ),
+        ),
+        ("error_code", Int16),
+    )
+
+
+class OffsetFetchRequest_v5(RequestStruct):  # type: ignore[misc]
+    API_KEY = 9
+    API_VERSION = 5
+    RESPONSE_TYPE = OffsetFetchResponse_v5
+    SCHEMA = Schema(
+        ("group_id", String("utf-8")),
+        ("topics", Array(("name", String("utf-8")), ("partition_indexes", Array(Int32)))),
+    )
+
+
+class EpochOffsetFetchRequest(Request[OffsetFetchRequest_v5]):  # type: ignore[misc]
+    """The offsets ``group_id`` committed in ``topics`` (name, partitions), each with
+    the leader epoch it was committed with (``NO_EPOCH``: none; offset -1: no commit).
+    A coordinator that cannot answer for the group (loading it, or no longer its
+    coordinator) sets the top-level ``error_code`` and lists no partitions."""
+
+    API_KEY = 9
+
+    def __init__(self, group_id: str, topics: list[tuple[str, list[int]]]) -> None:
+        self.group_id = group_id
+        self.topics = topics
+
+    def build(self, request_struct_class: type[OffsetFetchRequest_v5]) -> OffsetFetchRequest_v5:
+        return request_struct_class(self.group_id, self.topics)

@@ -33,3 +33,13 @@ class ConsumedRecord(Protocol):
     def value(self) -> bytes | None: ...
     @property
     def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
+
+
+class LastBatch(NamedTuple):
+    """Where one fetch left the consumer's position in a partition, and the leader epoch
+    of the last batch it read to get there: the last record's batch, or a transaction
+    marker or aborted batch read after it. KIP-320's consumer commits that epoch with
+    that position."""
+
+    next_offset: int
+    leader_epoch: int

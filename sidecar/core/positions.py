@@ -53,7 +53,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from sidecar.core.consume import TopicPartition
+from sidecar.core.consume import LastBatch, TopicPartition
 
 
 class Offsetted(Protocol):
@@ -77,6 +77,9 @@ class Fetch(Generic[R]):
     """Every assigned partition's fetch position right after the fetch returned (those
     whose position is known): past the records returned, and past the markers and
     aborted records among and after them."""
+    last_batches: Mapping[TopicPartition, LastBatch] = field(default_factory=dict)
+    """The partitions whose position a fetch moved to ``positions[tp]``, with the leader
+    epoch of the last batch read (not used here: ``core.commit_epochs``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +264,22 @@ class Positions(Generic[R]):
                     state.fetched = reached
             state._advance()
         return dropped
+
+    def reading_of(
+        self, tp: TopicPartition, incarnation: int, seek_epoch: int
+    ) -> tuple[int, int] | None:
+        """The reading of ``tp`` that a fetch made in ``incarnation`` at ``seek_epoch``
+        belongs to, as (incarnation, seek stamp): the one ``take`` would put its records
+        in (a new one at the assignment if ``tp`` has no state of that assignment yet).
+        None if that reading has ended (``take`` would drop them)."""
+        if incarnation < self._newest_incarnation or incarnation <= self._revoked_through:
+            return None
+        state = self._states.get(tp)
+        if state is None or state.incarnation < incarnation:
+            return (incarnation, 0)
+        if seek_epoch < state.seek_stamp:
+            return None
+        return (state.incarnation, state.seek_stamp)
 
     def _reading_state(self, tp: TopicPartition, fetch: Fetch[R]) -> PartitionPosition[R] | None:
         """The state ``fetch`` belongs to, made if its reading is the newest and has none

@@ -3,8 +3,9 @@
 As aiokafka's consumer shares one ``SubscriptionState`` between its ``Fetcher`` and its
 ``GroupCoordinator``, a consumer instance makes one ``ConsumeState`` and hands it to
 each of its components (``Fetcher``, ``Release``, ``Offsets``, ``HandoffTeller``,
-``AssignmentNotices``): where it stands in each partition, its Kafka consumer, what it
-told its app, what a rebalance is taking. A component reads and changes this state; it
+``AssignmentNotices``): where it stands in each partition and the leader epochs of
+what it read there, its Kafka consumer, what it told its app, what a rebalance is
+taking. A component reads and changes this state; it
 holds no other component to reach theirs.
 
 The state takes no lock. The instance owns its locks and is the only one to take
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from sidecar.adapters.group_consumer import GroupConsumer
+from sidecar.core.commit_epochs import CommitEpochs
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import ConsumerStateConflict
 from sidecar.core.handoff import HandoffLedger, Notice
@@ -86,6 +88,9 @@ class ConsumeState:
         self.instance_id = instance_id
         self.positions: Positions[ConsumedRecord] = Positions()
         """Where the instance stands in each partition (``sidecar.core.positions``)."""
+        self.epochs = CommitEpochs()
+        """The leader epochs of what was read in each partition: what a commit carries
+        (``sidecar.core.commit_epochs``)."""
         self.consumer: GroupConsumer | None = None
         """The instance's Kafka consumer, from its first subscription or manual
         assignment until it unsubscribes or closes."""

@@ -1,4 +1,7 @@
-"""Fetching from the instance's Kafka consumer into its positions model.
+"""Fetching from the instance's Kafka consumer into its positions model, and into the
+leader epochs of what was read, which commits carry (``sidecar.core.commit_epochs``);
+a fetch from a new leader, or from the group's commit, is validated first
+(``sidecar.service.truncation_check``).
 
 Partitions whose buffers are full are paused (re-applied every fetch: a rebalance
 forgets pauses). A fetch still waiting when the poll's time is up is left running and
@@ -13,7 +16,8 @@ import logging
 from typing import Any
 
 from sidecar.adapters.group_consumer import GroupConsumer
-from sidecar.core.consume import ConsumedRecord
+from sidecar.adapters.record_epochs import leader_epoch_of
+from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.positions import Fetch
 from sidecar.service.consume_context import ConsumeContext
 from sidecar.service.consume_state import ConsumeState
@@ -49,7 +53,9 @@ class Fetcher:
         positions = self.state.positions
         assigned = consumer.assignment()
         gone = positions.follow(assigned, consumer.incarnation())
-        self.state.notices.forget([tp for tp in gone if tp not in assigned])
+        unassigned = [tp for tp in gone if tp not in assigned]
+        self.state.notices.forget(unassigned)
+        self.state.epochs.forget(unassigned)
         paused = positions.full(assigned, self.buffer_limit)
         # Re-applied every time: a rebalance forgets pauses.
         consumer.resume([tp for tp in assigned if tp not in paused])
@@ -71,6 +77,7 @@ class Fetcher:
         fetching, self._fetching = self._fetching, None
         fetched = fetching.result()
         await self.truncations.validate(consumer, fetched)
+        starts = self._starts(fetched)
         for dropped in positions.take(fetched):
             _log.info(
                 "%s[%d]: fetch of %d..%d not taken, %s: the consumer reads them again from "
@@ -82,13 +89,52 @@ class Fetcher:
                 dropped.reason,
             )
         self.truncations.taken(fetched)
+        self._note_epochs(fetched, starts)
+
+    def _of_reading(self, fetched: Fetch[ConsumedRecord]) -> list[TopicPartition]:
+        """The partitions ``fetched`` read whose state is the reading it belongs to."""
+        partitions = []
+        for tp in fetched.batches.keys() | fetched.last_batches.keys():
+            reading = self.state.positions.get(tp)
+            if (
+                reading is not None
+                and reading.incarnation == fetched.incarnation
+                and fetched.seek_epoch >= reading.seek_stamp
+            ):
+                partitions.append(tp)
+        return partitions
+
+    def _starts(self, fetched: Fetch[ConsumedRecord]) -> dict[TopicPartition, int | None]:
+        """Before ``fetched`` is taken: where it started reading each partition, as far as
+        the positions model knows (the position a previous fetch or a seek left)."""
+        return {tp: self.state.positions[tp].fetched for tp in self._of_reading(fetched)}
+
+    def _note_epochs(
+        self, fetched: Fetch[ConsumedRecord], starts: dict[TopicPartition, int | None]
+    ) -> None:
+        """After ``fetched`` was taken: the leader epochs of what it read, for commits
+        (KIP-320): of its records and, past them, of the batch it read last (a marker's,
+        usually)."""
+        for tp in self._of_reading(fetched):  # not the partitions whose reading ended
+            self.state.epochs.read(
+                tp,
+                fetched.incarnation,
+                starts.get(tp),
+                fetched.batches.get(tp, ()),
+                leader_epoch_of,
+                fetched.last_batches.get(tp),
+            )
 
     async def _fetch(self, consumer: GroupConsumer, wait_s: float) -> Fetch[ConsumedRecord]:
         fetched = await consumer.fetch(timeout_ms=int(wait_s * 1000))
         # Read in the same step as the fetch returned, before a seek can run: a fetch
         # taken after a later seek of its partition is dropped.
         return Fetch(
-            fetched.incarnation, self.state.positions.seek_epoch, fetched.batches, fetched.positions
+            fetched.incarnation,
+            self.state.positions.seek_epoch,
+            fetched.batches,
+            fetched.positions,
+            fetched.last_batches,
         )
 
     def cancel(self) -> None:

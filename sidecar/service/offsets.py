@@ -2,9 +2,12 @@
 
 A commit never passes a boundary where keys moved away before the app has been told
 (``keys_revoked``) and acknowledged it: the gate of the keys' new partition opens on
-that commit. An auto-committing instance commits every ``auto_commit_interval_s``, at
-once when someone of its group waits past its delivered position, and before a
-rebalance takes its partitions (``tell_before_revoke`` then the final commit).
+that commit. A commit carries the leader epoch of the last batch read below each
+offset (``sidecar.core.commit_epochs``; unknown: -1), so that a reading that starts
+from it can be validated (``sidecar.service.truncation_check``). An auto-committing
+instance commits every ``auto_commit_interval_s``, at once when someone of its group
+waits past its delivered position, and before a rebalance takes its partitions
+(``tell_before_revoke`` then the final commit).
 """
 
 from __future__ import annotations
@@ -70,9 +73,10 @@ class Offsets:
         widened = {}
         states = {}
         for tp, offset in offsets.items():
-            state = states[tp] = self.positions.get(tp)
+            state = self.positions.get(tp)
             if state is None:
                 raise BadRequest(f"{tp.topic}[{tp.partition}] is not assigned to this instance")
+            states[tp] = state
             if state.delivered is None or offset > state.delivered:
                 raise BadRequest(
                     f"offset {offset} of {tp.topic}[{tp.partition}] is beyond the delivered "
@@ -88,7 +92,13 @@ class Offsets:
             to_commit[tp] = offset
         if not to_commit:
             return
-        await consumer.commit(to_commit)
+        # Each with the leader epoch of what was read below it, so that a reading that
+        # starts from this commit can validate it (KIP-320).
+        epochs = {
+            tp: self.state.epochs.epoch_for(tp, states[tp].incarnation, offset)
+            for tp, offset in to_commit.items()
+        }
+        await consumer.commit(to_commit, epochs)
         for tp, offset in to_commit.items():
             # The state the offset was checked against, unless a rebalance replaced it.
             if self.positions.get(tp) is states[tp]:

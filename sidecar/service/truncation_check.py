@@ -23,9 +23,19 @@ sent as a ``consumer_truncated`` audit event, and told to the app (``log_truncat
 by callback or first in the next records response) when it reads a managed topic or
 asked for ``assignment_events``.
 
+A reading that starts from the group's committed offset (a new assignment, no seek by
+this instance) has read nothing yet: its first fetch with records has the commit read
+with its leader epoch (OffsetFetch v5, ``GroupConsumer.committed_epochs``; commits
+carry the epoch of the last batch read below them, ``sidecar.core.commit_epochs``), and
+that commit is validated as a position read before, the same way: after an unclean
+election below it, reading resumes where the logs diverge instead of skipping what was
+written at the reused offsets below the commit (or, past the new log end, going where
+``auto.offset.reset`` says). One OffsetFetch per such reading at most; if it fails, or
+the commit carries no epoch, the reading goes on unvalidated until its first record is
+taken.
+
 A clean leader change costs one OffsetForLeaderEpoch request per partition and changes
-nothing. Not covered: a reading that starts from the group's committed offset has no
-epoch to validate until its first record (commits do not carry the leader epoch yet).
+nothing.
 """
 
 from __future__ import annotations
@@ -51,12 +61,15 @@ _log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class LastRead:
     """The last record taken from a partition in one reading: the position after it and
-    its leader epoch."""
+    its leader epoch. Or, before anything was taken in a reading that began at the
+    group's committed offset, that commit: its offset and the epoch it carries."""
 
     incarnation: int
     seek_stamp: int
     position: int
     leader_epoch: int
+    committed: bool = False
+    """The group's commit, not a record this instance read."""
 
 
 class TruncationCheck:
@@ -70,24 +83,32 @@ class TruncationCheck:
         self.notices = notices
         """Tells the app of a truncation (``TruncationNotice``)."""
         self._last: dict[TopicPartition, LastRead] = {}
+        self._commit_read: dict[TopicPartition, tuple[int, int]] = {}
+        """Per partition, the last reading whose group commit was asked for: once per
+        reading at most."""
 
-    def _current(self, tp: TopicPartition) -> LastRead | None:
-        """What was last read of ``tp`` in its current reading (None: nothing yet)."""
+    def _last_in(self, tp: TopicPartition, reading: tuple[int, int] | None) -> LastRead | None:
+        """What was last read of ``tp`` in ``reading`` (None: nothing yet)."""
         last = self._last.get(tp)
-        reading = self.state.positions.get(tp)
-        if last is None or reading is None:
-            return None
-        if (last.incarnation, last.seek_stamp) != (reading.incarnation, reading.seek_stamp):
+        if last is None or reading is None or (last.incarnation, last.seek_stamp) != reading:
             return None
         return last
+
+    def _reading(self, tp: TopicPartition, incarnation: int) -> tuple[int, int] | None:
+        """The current reading of ``tp`` in the consumer's assignment ``incarnation``."""
+        positions = self.state.positions
+        return positions.reading_of(tp, incarnation, positions.seek_epoch)
 
     def to_validate(self, fetch: Fetch[ConsumedRecord]) -> dict[TopicPartition, LastRead]:
         """The partitions of ``fetch`` to validate before it is taken, with what was read
         of them: records of a newer leader epoch than the last read, or starting below
         its position (the consumer's position was reset)."""
         asked: dict[TopicPartition, LastRead] = {}
+        positions = self.state.positions
         for tp, records in fetch.batches.items():
-            last = self._current(tp) if records else None
+            if not records:
+                continue
+            last = self._last_in(tp, positions.reading_of(tp, fetch.incarnation, fetch.seek_epoch))
             if last is None or last.leader_epoch == NO_EPOCH:
                 continue
             # A partition's records come in offset order, so epochs never decrease.
@@ -99,9 +120,11 @@ class TruncationCheck:
 
     async def validate(self, consumer: GroupConsumer, fetch: Fetch[ConsumedRecord]) -> None:
         """Before ``fetch`` is taken: move back every partition whose log was cut below
-        what was read (its records in ``fetch`` are then not taken). A partition whose
-        leader cannot be asked now is read again from what was delivered, and validated
-        by that fetch. Raises nothing."""
+        what was read, or below the group's commit its reading began at (its records in
+        ``fetch`` are then not taken). A partition whose leader cannot be asked now is
+        read again from what was delivered, and validated by that fetch. Raises
+        nothing."""
+        await self._read_commits(consumer, fetch)
         by_topic: dict[str, dict[int, LastRead]] = {}
         for tp, last in self.to_validate(fetch).items():
             by_topic.setdefault(tp.topic, {})[tp.partition] = last
@@ -122,6 +145,59 @@ class TruncationCheck:
                 if found is not None:
                     await self._read_again(consumer, TopicPartition(topic, partition), last, found)
 
+    async def _read_commits(self, consumer: GroupConsumer, fetch: Fetch[ConsumedRecord]) -> None:
+        """For each partition of ``fetch`` whose reading began at the group's committed
+        offset (the assignment's start, no seek by this instance) and took nothing yet:
+        read that commit's offset and leader epoch (OffsetFetch v5), to be validated as
+        a position read before. One request per reading at most: a failure (Kafka away,
+        a broker before 2.1) leaves the reading unvalidated until its first record is
+        taken, as it was before commits carried epochs (logged at info); a commit
+        without an epoch (an older client's, or one that knew none) cannot be
+        validated either."""
+        positions = self.state.positions
+        starting: dict[TopicPartition, tuple[int, int]] = {}
+        for tp, records in fetch.batches.items():
+            reading = positions.reading_of(tp, fetch.incarnation, fetch.seek_epoch)
+            if (
+                not records
+                or reading is None
+                or reading[1] != 0
+                or self._commit_read.get(tp) == reading
+                or self._last_in(tp, reading) is not None
+            ):
+                continue
+            starting[tp] = reading
+        if not starting:
+            return
+        self._commit_read.update(starting)
+        try:
+            committed = await consumer.committed_epochs(list(starting))
+        except SidecarError as exc:
+            _log.info(
+                "%s/%s: the group's commits of %s not read, their readings go on unvalidated: %s",
+                self.state.group,
+                self.state.instance_id,
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(starting)),
+                exc.message,
+            )
+            return
+        for tp, reading in starting.items():
+            found = committed.get(tp)
+            # The request awaited: the reading may have ended, or taken records.
+            if (
+                found is None
+                or found.leader_epoch is None
+                or self._reading(tp, reading[0]) != reading
+                or self._last_in(tp, reading) is not None
+            ):
+                continue
+            incarnation, seek_stamp = reading
+            self._last[tp] = LastRead(
+                incarnation, seek_stamp, found.offset, found.leader_epoch, committed=True
+            )
+            # A commit of the same offset carries the same epoch again.
+            self.state.epochs.start_at_commit(tp, incarnation, found.offset, found.leader_epoch)
+
     async def _read_again(
         self,
         consumer: GroupConsumer,
@@ -134,10 +210,17 @@ class TruncationCheck:
         then due again. Never past a record not delivered that the log still has."""
         # The request to the leader awaited: the partition may have been revoked or
         # sought meanwhile, and then its new reading starts elsewhere anyway.
-        if self._current(tp) is not last or consumer.incarnation() != last.incarnation:
+        if (
+            self._last_in(tp, self._reading(tp, last.incarnation)) is not last
+            or consumer.incarnation() != last.incarnation
+        ):
             return
         positions = self.state.positions
-        delivered = positions[tp].delivered
+        state = positions.get(tp)
+        delivered = None
+        if state is not None and state.incarnation == last.incarnation:
+            delivered = state.delivered
+        # (else a reading that began at the group's commit and has no state yet)
         positions.begin_seek(tp, last.incarnation)
         if found is not None and found.resume_at is None:
             # The leader knows no epoch that old: where the logs diverge is not known, so
@@ -152,10 +235,19 @@ class TruncationCheck:
             target = min(below, default=last.position)
             consumer.seek(tp, target)
         positions.seek_landed(tp, target)
+        if found is not None:
+            # What was read from ``target`` on is no longer in the log, and commits carry
+            # the epochs of what is (nothing is vouched for where the divergence is not
+            # known).
+            self.state.epochs.cut(tp, last.incarnation, 0 if found.resume_at is None else target)
         if found is None:
             reading = positions[tp]
             self._last[tp] = LastRead(
-                reading.incarnation, reading.seek_stamp, last.position, last.leader_epoch
+                reading.incarnation,
+                reading.seek_stamp,
+                last.position,
+                last.leader_epoch,
+                committed=last.committed,
             )
             return
         # Read (delivered, or buffered and now dropped) and no longer in the log; not
@@ -179,13 +271,14 @@ class TruncationCheck:
             )
         )
         _log.warning(
-            "%s[%d]: the log was cut below what %s/%s had read (leader epoch %d ends at %s, "
+            "%s[%d]: the log was cut below what %s/%s %s (leader epoch %d ends at %s, "
             "position %d): %d offset(s) read, %d of them delivered, are no longer in the "
             "log; reading again from offset %d",
             tp.topic,
             tp.partition,
             self.state.group,
             self.state.instance_id,
+            "started from (the group's commit)" if last.committed else "had read",
             found.leader_epoch,
             "an unknown offset" if found.resume_at is None else found.resume_at,
             found.position,

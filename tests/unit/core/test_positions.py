@@ -138,7 +138,7 @@ class PositionsAgainstReference(RuleBasedStateMachine):
         consumer = self._consumer()
         self.model.follow(consumer.assignment, consumer.incarnation)
         if self.pending is not None:
-            self.model.take(self.pending)
+            self._take(self.pending)
             self.pending = None
 
     @rule()
@@ -178,9 +178,26 @@ class PositionsAgainstReference(RuleBasedStateMachine):
         if landed_late and self.pending is None:
             # A fetch from the new position returns before the seek's caller goes on.
             self.pending = consumer.drain(self.model.seek_epoch, 3)
-            self.model.take(self.pending)
+            self._take(self.pending)
             self.pending = None
         self.model.seek_landed(tp, target)
+
+    def _take(self, fetch: Fetch[Record]) -> None:
+        """``take``, checking that ``reading_of`` named, beforehand, the reading the
+        fetch's records went into (or that they were dropped)."""
+        readings = {
+            tp: self.model.reading_of(tp, fetch.incarnation, fetch.seek_epoch)
+            for tp in fetch.batches
+        }
+        dropped = {d.tp for d in self.model.take(fetch)}
+        for tp, reading in readings.items():
+            state = self.model.get(tp)
+            if reading is None:
+                assert tp in dropped
+            else:
+                assert tp not in dropped
+                assert state is not None
+                assert (state.incarnation, state.seek_stamp) == reading
 
     # The release path's side --------------------------------------------------------------
 

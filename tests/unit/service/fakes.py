@@ -180,6 +180,7 @@ class GroupConsumer:
     positions: dict[TopicPartition, int | None] = field(default_factory=dict)
     next_fetch: dict[TopicPartition, list[Record]] = field(default_factory=dict)
     commits: list[dict[TopicPartition, int]] = field(default_factory=list)
+    commit_epochs: list[dict[TopicPartition, int | None]] = field(default_factory=list)
     group_committed: dict[TopicPartition, int] = field(default_factory=dict)
     highwaters: dict[TopicPartition, int] = field(default_factory=dict)
     paused: set[TopicPartition] = field(default_factory=set)
@@ -229,7 +230,7 @@ class GroupConsumer:
             if batch:
                 self.positions[tp] = batch[-1].offset + 1
         positions = {tp: p for tp in self.assigned if (p := self.positions.get(tp)) is not None}
-        return Fetched(self.incarnation(), dict(fetched), positions)  # type: ignore[arg-type]
+        return Fetched(self.incarnation(), dict(fetched), positions, {})  # type: ignore[arg-type]
 
     def fetch_position(self, tp: TopicPartition) -> int | None:
         return self.positions.get(tp) if tp in self.assigned else None
@@ -237,12 +238,25 @@ class GroupConsumer:
     def highwater(self, tp: TopicPartition) -> int | None:
         return self.highwaters.get(tp)
 
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], epochs: Mapping[TopicPartition, int | None]
+    ) -> None:
         self.commits.append(dict(offsets))
+        self.commit_epochs.append(dict(epochs))
         self.group_committed.update(offsets)
 
     async def committed(self, tp: TopicPartition) -> int | None:
         return self.group_committed.get(tp)
+
+    async def committed_epochs(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndEpoch]:
+        """Committed without epochs (as this fake's ``commit`` keeps them)."""
+        return {
+            tp: OffsetAndEpoch(self.group_committed[tp], None)
+            for tp in partitions
+            if tp in self.group_committed
+        }
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.positions[tp] = offset

@@ -70,6 +70,9 @@ class _Consumer:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.positions[tp].position = offset
 
+    async def committed_epochs(self, partitions: Iterable[TopicPartition]) -> dict[Any, Any]:
+        return {}  # the group committed nothing
+
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         pass
 
@@ -82,7 +85,7 @@ class _Consumer:
         for tp, records in fetched.items():
             self.positions[tp].position = records[-1].offset + 2  # a commit marker after
         positions = {tp: p for tp in self.assigned if (p := self.fetch_position(tp)) is not None}
-        return Fetched(self.current, dict(fetched), positions)
+        return Fetched(self.current, dict(fetched), positions, {})
 
 
 def _instance(consumer: _Consumer) -> tuple[ConsumerInstance, Any]:

@@ -53,12 +53,14 @@ class _Kafka(fakes.GroupConsumer):
     failure: SidecarError | None = None
     during_commit: Callable[[], object] | None = None
 
-    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], epochs: Mapping[TopicPartition, int | None]
+    ) -> None:
         if self.during_commit is not None:
             self.during_commit()
         if self.failure is not None:
             raise self.failure
-        await super().commit(offsets)
+        await super().commit(offsets, epochs)
 
 
 class _Callbacks:

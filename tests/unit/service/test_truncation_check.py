@@ -1,9 +1,12 @@
-"""KIP-320 for the consumers: a fetch from a new leader is validated before it is taken.
+"""KIP-320 for the consumers: a fetch from a new leader is validated before it is taken,
+and commits carry the leader epoch of what was read below them.
 
-A real instance (positions, fetcher, release) over a fake group consumer whose records
-carry leader epochs, and a fake leader that answers OffsetForLeaderEpoch. The log of
-partition ``TP``: offsets 0..9 written in leader epoch 1; then an unclean election makes
-a replica that had only 0..6 leader in epoch 2, and new records take offsets 7.. there.
+A real instance (positions, fetcher, release, commits) over a fake group consumer whose
+records carry leader epochs, and a fake leader that answers OffsetForLeaderEpoch. The
+log of partition ``TP``: offsets 0..9 written in leader epoch 1; then an unclean
+election makes a replica that had only 0..6 leader in epoch 2, and new records take
+offsets 7.. there. A log may hold transaction markers: the consumer skips them, and
+reports the epoch of the last batch it read (a marker's, if last) with its position.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from aiokafka.structs import ConsumerRecord
 from sidecar.adapters.group_consumer import Fetched
 from sidecar.adapters.kafka import OffsetAndEpoch
 from sidecar.config import ConsumerSettings
-from sidecar.core.consume import TopicPartition
+from sidecar.core.consume import LastBatch, TopicPartition
 from sidecar.core.errors import KafkaUnavailable
 from sidecar.core.handoff import TruncationNotice
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
@@ -31,6 +34,25 @@ def record(offset: int, epoch: int, value: bytes) -> ConsumerRecord[bytes, bytes
     fetched = ConsumerRecord("t", 0, offset, 0, 0, b"k", value, None, 1, 1, [])
     fetched.leader_epoch = epoch  # as record_epochs sets it
     return fetched
+
+
+def marker(offset: int, epoch: int) -> Any:
+    """A transaction's commit marker: in the log, never handed out as a record."""
+    return SimpleNamespace(offset=offset, leader_epoch=epoch, marker=True)
+
+
+def is_marker(entry: Any) -> bool:
+    return getattr(entry, "marker", False) is True
+
+
+class Group:
+    """The group's committed offsets, as its coordinator holds them: (offset, leader
+    epoch) per partition, the epoch None where a commit carried none."""
+
+    def __init__(self) -> None:
+        self.committed: dict[TopicPartition, tuple[int, int | None]] = {}
+        self.away = False
+        """The coordinator cannot be reached."""
 
 
 class Log:
@@ -61,16 +83,22 @@ class Log:
 
 
 class Consumer:
-    """The group consumer: reads ``log`` from ``at``, ``batch`` records a fetch; past the
-    log end it resets to the beginning, as aiokafka does with auto.offset.reset earliest
-    (``reset`` "earliest"), or goes to the end ("latest")."""
+    """The group consumer: reads ``log`` from ``at`` (the group's committed offset, if
+    any, as aiokafka starts an assignment), ``batch`` entries a fetch; past the log end
+    it resets to the beginning, as aiokafka does with auto.offset.reset earliest
+    (``reset`` "earliest"), or goes to the end ("latest"). Commits go to ``group``."""
 
-    def __init__(self, log: Log) -> None:
+    def __init__(self, log: Log, group: Group) -> None:
         self.log = log
-        self.at = 0
+        self.group = group
+        committed = group.committed.get(TP)
+        self.at = 0 if committed is None else committed[0]
         self.batch = 100
         self.reset = "earliest"
         self.sought: list[int] = []
+        self.commits: list[tuple[dict[TopicPartition, int], dict[TopicPartition, int | None]]] = []
+        self.offset_fetches: list[list[TopicPartition]] = []
+        """The partitions of each OffsetFetch (v5) asked of the coordinator."""
 
     def assignment(self) -> set[TopicPartition]:
         return {TP}
@@ -101,10 +129,33 @@ class Consumer:
         await asyncio.sleep(0)
         if self.at > len(self.log.records):  # OFFSET_OUT_OF_RANGE
             self.at = 0 if self.reset == "earliest" else len(self.log.records)
-        taken = self.log.records[self.at : self.at + self.batch]
-        if taken:
-            self.at = taken[-1].offset + 1
-        return Fetched(1, {TP: taken} if taken else {}, {TP: self.at})
+        read = self.log.records[self.at : self.at + self.batch]
+        taken = [entry for entry in read if not is_marker(entry)]
+        last_batches = {}
+        if read:
+            self.at = read[-1].offset + 1
+            last_batches[TP] = LastBatch(self.at, read[-1].leader_epoch)
+        return Fetched(1, {TP: taken} if taken else {}, {TP: self.at}, last_batches)
+
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], epochs: Mapping[TopicPartition, int | None]
+    ) -> None:
+        self.commits.append((dict(offsets), dict(epochs)))
+        for tp, offset in offsets.items():
+            self.group.committed[tp] = (offset, epochs.get(tp))
+
+    async def committed_epochs(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndEpoch]:
+        """OffsetFetch v5 to the group's coordinator."""
+        self.offset_fetches.append(sorted(partitions))
+        if self.group.away:
+            raise KafkaUnavailable("no coordinator")
+        return {
+            tp: OffsetAndEpoch(*self.group.committed[tp])
+            for tp in partitions
+            if tp in self.group.committed
+        }
 
 
 class Leader:
@@ -122,9 +173,23 @@ class Leader:
         return {partition: self.log.end_of(epoch) for partition, epoch in epochs.items()}
 
 
+async def _unmanaged(topic: str) -> None:
+    return None
+
+
 class Setup:
-    def __init__(self, *, managed: bool = False, assignment_events: bool = False) -> None:
-        self.log = Log()
+    def __init__(
+        self,
+        *,
+        managed: bool = False,
+        assignment_events: bool = False,
+        log: Log | None = None,
+        group: Group | None = None,
+    ) -> None:
+        """A new instance of group "g"; ``log`` and ``group`` shared with an earlier one
+        (a restart) if given."""
+        self.log = Log() if log is None else log
+        self.group = Group() if group is None else group
         self.leader = Leader(self.log)
         self.metrics = fakes.Metrics()
         self.audit = fakes.Audit()
@@ -134,13 +199,13 @@ class Setup:
             metrics=self.metrics,
             offsets=self.leader,
             audit=self.audit,
-            registry=SimpleNamespace(topics={"t": object()} if managed else {}),
+            registry=SimpleNamespace(topics={"t": object()} if managed else {}, runtime=_unmanaged),
         )
         config = InstanceConfig(
             group="g", name="i", format="binary", assignment_events=assignment_events
         )
         self.instance = ConsumerInstance(config, context, instance_key="s-i")
-        self.consumer = Consumer(self.log)
+        self.consumer = Consumer(self.log, self.group)
         fake: Any = self.consumer
         self.instance.state.consumer = fake
         self.delivered: list[tuple[int, bytes | None]] = []
@@ -319,3 +384,123 @@ async def test_a_rest_proxy_client_of_an_unmanaged_topic_gets_no_notice() -> Non
     await s.poll()
     assert s.metrics.truncations == [(TP, 3)]
     assert s.instance.state.notices.take() == []
+
+
+# Commits ----------------------------------------------------------------------------------
+
+
+def transaction_then_marker(log: Log, *, marker_epoch: int) -> None:
+    """The log: a transaction's records 0..4 in epoch 1, its commit marker at 5 in
+    ``marker_epoch`` (2: a clean leader change between the records and the marker)."""
+    log.records = [record(o, 1, b"old") for o in range(5)] + [marker(5, marker_epoch)]
+    if marker_epoch != 1:
+        log.epoch_starts.append((marker_epoch, 5))
+
+
+async def test_a_commit_past_a_marker_carries_the_markers_epoch() -> None:
+    s = Setup()
+    transaction_then_marker(s.log, marker_epoch=2)
+    await s.poll()
+    assert s.delivered == [(o, b"old") for o in range(5)]
+    await s.instance.commit(None)  # everything delivered: up to past the marker
+    await s.instance.commit({TP: 3})
+    assert s.consumer.commits == [({TP: 6}, {TP: 2}), ({TP: 3}, {TP: 1})]
+
+
+async def test_a_commit_of_what_was_not_read_carries_no_epoch() -> None:
+    s = Setup()
+    await s.instance.seek({TP: 4})
+    await s.instance.commit(None)
+    assert s.consumer.commits == [({TP: 4}, {TP: None})]
+
+
+async def test_after_a_truncation_commits_carry_the_epochs_of_the_new_log() -> None:
+    s = Setup()
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=6)
+    await s.poll()  # validated: read again from 7
+    await s.poll()
+    assert s.delivered[10:] == expected_after_loss(7, 6)
+    # 7..12 are epoch 2's now; what was read of epoch 1 there is forgotten.
+    await s.instance.commit({TP: 7})
+    await s.instance.commit({TP: 9})
+    await s.instance.commit(None)
+    assert [epochs for _, epochs in s.consumer.commits] == [{TP: 1}, {TP: 2}, {TP: 2}]
+
+
+# Readings that start from the group's commit ----------------------------------------------
+
+
+async def test_a_restart_above_where_the_new_log_diverges_reads_again_from_there() -> None:
+    s = Setup()
+    await s.poll()
+    await s.instance.commit(None)
+    assert s.group.committed[TP] == (10, 1)
+    s.log.unclean_election(kept=7, epoch=2, new=6)  # offsets 7..12 now hold new records
+    # A new instance of the group starts from its commit, 10: the new log's 10..12.
+    restarted = Setup(log=s.log, group=s.group)
+    await restarted.poll()
+    assert restarted.consumer.offset_fetches == [[TP]]
+    assert restarted.leader.asked == [{0: 1}]
+    assert restarted.consumer.sought == [7]
+    assert restarted.metrics.truncations == [(TP, 3)]
+    [event] = restarted.audit.events
+    assert (event["position"], event["leader_epoch"], event["resume_at"], event["lost"]) == (
+        10,
+        1,
+        7,
+        3,
+    )
+    await restarted.poll()
+    # Nothing written after the loss is skipped: 7..12 of the new log, in order.
+    assert restarted.delivered == expected_after_loss(7, 6)
+    assert restarted.consumer.offset_fetches == [[TP]]  # once per reading
+
+
+async def test_a_commit_past_the_new_log_end_is_validated_after_the_offset_reset() -> None:
+    s = Setup()
+    await s.poll()
+    await s.instance.commit(None)
+    s.log.unclean_election(kept=7, epoch=2, new=2)  # the log ends at 9, below the commit
+    restarted = Setup(log=s.log, group=s.group)
+    restarted.consumer.reset = "latest"
+    await restarted.poll()  # out of range: aiokafka goes to the end, 9
+    s.log.records += [record(9 + i, 2, b"new") for i in range(4)]
+    await restarted.poll()  # 9..12: below the commit, validated first
+    assert restarted.consumer.sought == [7]
+    await restarted.poll()
+    assert restarted.delivered == expected_after_loss(7, 6)
+
+
+async def test_a_clean_leader_change_between_a_record_and_its_marker_is_no_truncation() -> None:
+    s = Setup()
+    transaction_then_marker(s.log, marker_epoch=2)
+    await s.poll()
+    await s.instance.commit(None)
+    assert s.group.committed[TP] == (6, 2)  # the marker's epoch, not the last record's
+    s.log.clean_election(epoch=3, new=4)
+    restarted = Setup(log=s.log, group=s.group)
+    await restarted.poll()
+    await restarted.poll()
+    # Validated once (epoch 2 ends at 6, where epoch 3 began): nothing moves.
+    assert restarted.leader.asked == [{0: 2}]
+    assert restarted.consumer.sought == []
+    assert restarted.metrics.truncations == []
+    assert restarted.audit.events == []
+    assert restarted.delivered == [(o, b"new") for o in range(6, 10)]
+    assert restarted.consumer.offset_fetches == [[TP]]
+
+
+async def test_a_commit_that_cannot_be_read_leaves_the_reading_unvalidated() -> None:
+    s = Setup()
+    await s.poll()
+    await s.instance.commit(None)
+    s.log.unclean_election(kept=7, epoch=2, new=6)
+    restarted = Setup(log=s.log, group=s.group)
+    restarted.group.away = True
+    await restarted.poll()
+    await restarted.poll()
+    # As before commits carried epochs: from the commit on, asked once.
+    assert restarted.consumer.offset_fetches == [[TP]]
+    assert restarted.leader.asked == []
+    assert restarted.delivered == [(o, b"new") for o in range(10, 13)]
