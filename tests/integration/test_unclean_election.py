@@ -32,9 +32,12 @@ The second test keeps a consumer instance reading partition 1 through steps 1-5,
 change: it has delivered the records of step 2 when F takes over, and its position lies
 above where F's log ends. Checked: it validates its position against F
 (OffsetForLeaderEpoch, KIP-320), reads again from where the logs diverge, delivers every
-record written after the election (none is skipped at the reused offsets) and counts the
+record written after the election (none is skipped at the reused offsets), counts the
 loss (``sidecar_consumer_truncations_total``, and the offsets read then lost in
-``sidecar_consumer_truncated_records_total``).
+``sidecar_consumer_truncated_records_total``) and tells its app (``log_truncated``)
+before anything read again. A second group reads as much, commits (with the leader
+epoch of what it read, OffsetCommit v6) and closes its instance before the election;
+its next instance starts from that commit and is moved back to the divergence too.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from pathlib import Path
 import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints, ClusterServers
-from ordered_dev.harness.consumers import create_consumer, decoded
+from ordered_dev.harness.consumers import RestConsumer, create_consumer, decoded
 from ordered_dev.harness.sidecars import (
     ADMIN_TOKEN,
     RunningSidecar,
@@ -403,6 +406,9 @@ async def test_a_consumer_past_an_unclean_election_reads_again_from_the_divergen
     stopped: list[int] = []
     written: Counter[str] = Counter()
     delivered: Counter[str] = Counter()
+    told: list[dict[str, object]] = []
+    """The typed items of the records responses, each with how many records written
+    after the election had been delivered before it."""
     began = time.monotonic()
     try:
         async with running_sidecars(cluster, 1) as (sidecar,):
@@ -416,14 +422,7 @@ async def test_a_consumer_past_an_unclean_election_reads_again_from_the_divergen
             )
 
             async def read_until(wanted: dict[str, int], within_s: float) -> None:
-                deadline = time.monotonic() + within_s
-                while any(delivered[tag] < count for tag, count in wanted.items()):
-                    assert time.monotonic() < deadline, f"delivered {delivered} of {wanted}"
-                    records, _ = await consumer.poll(timeout_ms=500)
-                    for record in records:
-                        _, value = decoded(record)
-                        assert value is not None
-                        delivered[json.loads(value)["tag"]] += 1
+                await _read_until(consumer, delivered, told, wanted, within_s)
 
             try:
                 await consumer.assign((topic, LOST))
@@ -461,6 +460,17 @@ async def test_a_consumer_past_an_unclean_election_reads_again_from_the_divergen
                 # Where the instance stands: past the last commit marker of what it read.
                 position = (await gateway.end_offsets(topic, INITIAL_COUNT))[LOST]
                 assert await _counter(sidecar, "sidecar_consumer_truncations_total", topic) == 0
+                # Another group reads as much, commits it and goes away: its next instance
+                # starts from that commit, with the commit's leader epoch to validate.
+                committing = unique("group")
+                first = await create_consumer(
+                    sidecar, committing, "first", **{"consumer.request.timeout.ms": 500}
+                )
+                await first.assign((topic, LOST))
+                await _read_until(first, Counter(), [], dict(written), SERVE_BOUND_S)
+                status, body = await first.commit()
+                assert status in (200, 204), body
+                await first.delete()
 
                 # L stops, F comes back alone and is elected uncleanly; the log now ends
                 # below the instance's position.
@@ -493,6 +503,34 @@ async def test_a_consumer_past_an_unclean_election_reads_again_from_the_divergen
                 # Offsets read that the log no longer has: the records and the markers
                 # among them (the marker after the last record read is not counted).
                 assert written["lost"] <= truncated < position - reaches, (truncated, position)
+                # The app of a managed topic is told, before anything read again.
+                assert [e for e in told if e["type"] == "log_truncated"] == [
+                    {
+                        "type": "log_truncated",
+                        "topic": topic,
+                        "partition": LOST,
+                        "offset": reaches,
+                        "position": position - 1,
+                        "leader_epoch": info.leader_epoch,
+                        "lost": truncated,
+                        "after_reused": 0,
+                    }
+                ], told
+
+                # The committing group's next instance: from the commit, moved back to
+                # the divergence before anything is delivered, nothing skipped.
+                restarted = await create_consumer(
+                    sidecar, committing, "restarted", **{"consumer.request.timeout.ms": 500}
+                )
+                again: Counter[str] = Counter()
+                try:
+                    await restarted.assign((topic, LOST))
+                    wanted = {"reused": written["reused"]}
+                    await _read_until(restarted, again, [], wanted, SERVE_BOUND_S)
+                finally:
+                    await restarted.delete()
+                assert again == Counter(wanted), again
+                assert await _counter(sidecar, "sidecar_consumer_truncations_total", topic) == 2
             finally:
                 await consumer.delete()
     finally:
@@ -502,3 +540,25 @@ async def test_a_consumer_past_an_unclean_election_reads_again_from_the_divergen
         f"read, then lost; every record after the election delivered {took:.1f} s after "
         f"the log passed the old position; {time.monotonic() - began:.0f} s in all"
     )
+
+
+async def _read_until(
+    consumer: RestConsumer,
+    delivered: Counter[str],
+    told: list[dict[str, object]],
+    wanted: dict[str, int],
+    within_s: float,
+) -> None:
+    """Poll ``consumer`` until ``delivered`` (records per tag) holds ``wanted``; each
+    typed item of a response goes to ``told`` with how many records written after the
+    election had been delivered before it (a response's notices come before its
+    records)."""
+    deadline = time.monotonic() + within_s
+    while any(delivered[tag] < count for tag, count in wanted.items()):
+        assert time.monotonic() < deadline, f"delivered {delivered} of {wanted}"
+        records, events = await consumer.poll(timeout_ms=500)
+        told.extend(event | {"after_reused": delivered["reused"]} for event in events)
+        for record in records:
+            _, value = decoded(record)
+            assert value is not None
+            delivered[json.loads(value)["tag"]] += 1
