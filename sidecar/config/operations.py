@@ -45,11 +45,12 @@ class ProcessSettings:
     cluster, alternating: 1.2-1.4x the records/s, and the same RSS (95 MiB after the
     reads, either way). Memory freed by reference counting, nearly all of it, is freed at
     once either way; only reference cycles wait for the collector."""
-    event_loop: str = "asyncio"
+    event_loop: str = "auto"
     """The asyncio event loop ``sidecar serve`` runs on: ``asyncio`` (the standard
     library's), ``uvloop`` (libuv, a dependency on Linux), or ``auto``: uvloop where it
-    is installed, else asyncio. ``bench/ab.py`` measures one against the other. The
-    default stays asyncio's until a long chaos run has passed on uvloop."""
+    is installed, else asyncio. ``bench/ab.py`` measures one against the other: 1.23x
+    the managed records/s and 1.33x the unmanaged on uvloop
+    (``bench/results/ab-process-event-loop.md``); chaos run 17 ran on it."""
 
 
 @dataclass(frozen=True, slots=True)
