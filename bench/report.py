@@ -42,10 +42,17 @@ def machine_lines(kafka: str) -> list[str]:
     ]
 
 
-def write_result(name: str, title: str, header: Sequence[str], body: Sequence[str]) -> Path:
-    """Write ``results/<name>.md`` (title, header bullets, body) and return its path."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.md"
+def write_result(
+    name: str,
+    title: str,
+    header: Sequence[str],
+    body: Sequence[str],
+    path: Path | None = None,
+) -> Path:
+    """Write ``results/<name>.md``, or ``path`` if given (title, header bullets, body),
+    and return where it went."""
+    path = path or RESULTS_DIR / f"{name}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join([f"# {title}", "", *header, "", *body, ""]))
     return path
 
@@ -56,12 +63,13 @@ def measure_and_write(
     measure: Callable[[IO[bytes]], Coroutine[Any, Any, tuple[Results, str]]],
     render: Callable[[Results], list[str]],
     module: str | None = None,
+    path: Path | None = None,
 ) -> None:
     """Run ``measure`` (given a log file for the sidecars, kept only when it fails; it
     returns its results and what it ran against), print ``render`` of them and write
-    them to ``results/<name>.md`` under the machine's description, whose load average
-    is read before the cluster starts. ``module`` is what ran (``bench.<name>`` if
-    None), for the command in the header."""
+    them to ``results/<name>.md`` (or ``path``) under the machine's description, whose
+    load average is read before the cluster starts. ``module`` is what ran
+    (``bench.<name>`` if None), for the command in the header."""
     header_machine = machine_lines("…")
     began = time.monotonic()
     with tempfile.NamedTemporaryFile(prefix="bench-sidecar-", suffix=".log", delete=False) as log:
@@ -77,8 +85,8 @@ def measure_and_write(
     ]
     body = render(results)
     print("\n".join(body))
-    path = write_result(name, title, header, body)
-    print(f"\nwritten to {path}")
+    written = write_result(name, title, header, body, path)
+    print(f"\nwritten to {written}")
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
