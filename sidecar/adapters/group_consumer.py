@@ -11,6 +11,7 @@ translates aiokafka's errors into ``KafkaUnavailable``. The service sees only
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,6 +42,10 @@ from sidecar.core.generations import PartitionMode
 Batches = dict[TopicPartition, list[ConsumedRecord]]
 
 _incarnations = itertools.count(1)
+
+COMMITTED_EPOCH_ATTEMPTS = 5
+"""Tries of the OffsetFetch that reads a reading's committed leader epoch, the retry
+backoff of the consumer apart (aiokafka's ``retry_backoff_ms``, 100 ms by default)."""
 """Numbers for aiokafka's assignments, increasing across every consumer of the process."""
 
 
@@ -337,16 +342,24 @@ class GroupConsumer:
         for tp in partitions:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         request = EpochOffsetFetchRequest(coordinator.group_id, sorted(by_topic.items()))
-        try:
-            response = await coordinator._send_req(request)
-            raise_group_error(response, coordinator.coordinator_dead)
-        except KafkaError as exc:
-            raise KafkaUnavailable(f"reading committed offsets failed: {exc!r}") from exc
-        except NotImplementedError as exc:  # Request.prepare: no version both sides know
-            raise KafkaFailure(
-                "the group's coordinator does not answer committed leader epochs (KIP-320): "
-                "Kafka 2.1 or later is needed"
-            ) from exc
+        for attempt in range(1, COMMITTED_EPOCH_ATTEMPTS + 1):
+            try:
+                # A reading that just began may find the coordinator's connection not
+                # ready yet, or the coordinator moved: found again and asked again, a
+                # few times (going on unvalidated would skip records after a loss).
+                await coordinator.ensure_coordinator_known()
+                response = await coordinator._send_req(request)
+                raise_group_error(response, coordinator.coordinator_dead)
+                break
+            except KafkaError as exc:
+                if not exc.retriable or attempt == COMMITTED_EPOCH_ATTEMPTS:
+                    raise KafkaUnavailable(f"reading committed offsets failed: {exc!r}") from exc
+                await asyncio.sleep(coordinator._retry_backoff_ms / 1000)
+            except NotImplementedError as exc:  # Request.prepare: no version both sides know
+                raise KafkaFailure(
+                    "the group's coordinator does not answer committed leader epochs "
+                    "(KIP-320): Kafka 2.1 or later is needed"
+                ) from exc
         found = {}
         for topic, rows in response.topics:
             for partition, offset, epoch, _, error_code in rows:

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.errors import NodeNotReadyError
 from aiokafka.structs import TopicPartition as KafkaTopicPartition
 
-from sidecar.adapters.group_consumer import GroupConsumer
+from sidecar.adapters.group_consumer import COMMITTED_EPOCH_ATTEMPTS, GroupConsumer
 from sidecar.adapters.kafka import OffsetAndEpoch
 from sidecar.core.consume import LastBatch, TopicPartition
 from sidecar.core.errors import KafkaFailure, KafkaUnavailable
@@ -87,13 +88,23 @@ class _Coordinator:
 
     _send_req = GroupCoordinator._send_req
 
-    def __init__(self, body: bytes, versions: dict[int, tuple[int, int]]) -> None:
+    _retry_backoff_ms = 0
+
+    def __init__(
+        self, body: bytes, versions: dict[int, tuple[int, int]], *, not_ready: int = 0
+    ) -> None:
         self.group_id = "billing"
         self.coordinator_id: int | None = 1
         self.sent: list[dict[str, Any]] = []
+        self.looked_up = 0
+        self.not_ready = not_ready
+        """Sends refused first, as to a coordinator whose connection is not ready yet."""
 
         async def send(node_id: int, request: Any, **_: Any) -> Any:
             prepared = request.prepare(versions)
+            if self.not_ready:
+                self.not_ready -= 1
+                raise NodeNotReadyError(f"node {node_id} is not ready")
             self.sent.append(prepared.to_object())
             return prepared.RESPONSE_TYPE.decode(BytesIO(body))
 
@@ -101,6 +112,11 @@ class _Coordinator:
 
     def coordinator_dead(self) -> None:
         self.coordinator_id = None
+
+    async def ensure_coordinator_known(self) -> None:
+        self.looked_up += 1
+        if self.coordinator_id is None:
+            self.coordinator_id = 1
 
     async def close(self) -> None:
         pass
@@ -140,8 +156,21 @@ async def test_the_groups_commits_are_read_with_their_leader_epochs() -> None:
 
 async def test_a_loading_coordinator_is_not_read_as_no_commit() -> None:
     body = struct.pack(">i", 0) + struct.pack(">i", 0) + struct.pack(">h", 14)
+    coordinator = _Coordinator(body, {9: (1, 9)})
     with pytest.raises(KafkaUnavailable):
-        await _committed_epochs(_Coordinator(body, {9: (1, 9)}))
+        await _committed_epochs(coordinator)
+    assert len(coordinator.sent) == COMMITTED_EPOCH_ATTEMPTS  # asked again, then given up
+
+
+async def test_a_coordinator_not_ready_yet_is_asked_again() -> None:
+    # A reading that just began: the coordinator's connection was not ready, and the
+    # reading went on unvalidated (on a real cluster it skipped what an unclean election
+    # wrote below the commit).
+    body = struct.pack(">i", 0) + struct.pack(">i", 1) + _string("t") + struct.pack(">i", 1)
+    body += _partition(0, 42, 3) + struct.pack(">h", 0)
+    coordinator = _Coordinator(body, {9: (1, 9)}, not_ready=2)
+    assert await _committed_epochs(coordinator) == {TopicPartition("t", 0): OffsetAndEpoch(42, 3)}
+    assert coordinator.looked_up == 3
 
 
 async def test_a_coordinator_without_committed_epochs_is_refused() -> None:
