@@ -352,9 +352,11 @@ async def test_a_batch_kafka_refuses_is_counted_dropped_and_sending_goes_on(
         await audit.stop()
     assert [value_of(r)["seq"] for r in kafka.batches[1][1]] == [3]
     assert (sent_count(audit), dropped_count(audit)) == (1.0, 3.0)
-    assert [record.getMessage() for record in caplog.records] == [
-        "audit batch of 3 events lost: leader not available"
-    ]
+    # Only this logger: a Kafka client left closing by an earlier test of the same process
+    # may log a dropped connection while this one runs.
+    assert [
+        record.getMessage() for record in caplog.records if record.name == "sidecar.audit.emitter"
+    ] == ["audit batch of 3 events lost: leader not available"]
 
 
 async def test_records_kafka_fails_one_by_one_are_counted_dropped() -> None:
