@@ -30,9 +30,12 @@ carry the epoch of the last batch read below them, ``sidecar.core.commit_epochs`
 that commit is validated as a position read before, the same way: after an unclean
 election below it, reading resumes where the logs diverge instead of skipping what was
 written at the reused offsets below the commit (or, past the new log end, going where
-``auto.offset.reset`` says). One OffsetFetch per such reading at most; if it fails, or
-the commit carries no epoch, the reading goes on unvalidated until its first record is
-taken.
+``auto.offset.reset`` says). It is validated with the first fetch that reports the
+partition's position, records or not, as Kafka's consumer validates a committed position
+before fetching: past the new log's end, aiokafka would reset the position to the end,
+and nothing would ever come to be validated. One OffsetFetch per such reading, asked
+again while it fails and nothing was fetched; a reading whose records came meanwhile,
+or whose commit carries no epoch, goes on unvalidated until its first record is taken.
 
 A clean leader change costs one OffsetForLeaderEpoch request per partition and changes
 nothing.
@@ -101,19 +104,26 @@ class TruncationCheck:
 
     def to_validate(self, fetch: Fetch[ConsumedRecord]) -> dict[TopicPartition, LastRead]:
         """The partitions of ``fetch`` to validate before it is taken, with what was read
-        of them: records of a newer leader epoch than the last read, or starting below
-        its position (the consumer's position was reset)."""
+        of them: a batch (records, or only a transaction marker) of a newer leader epoch
+        than the last read, or records or a position below its position (the consumer's
+        position was reset: to the start, or to the end of a log now shorter)."""
         asked: dict[TopicPartition, LastRead] = {}
         positions = self.state.positions
-        for tp, records in fetch.batches.items():
-            if not records:
-                continue
+        for tp in fetch.batches.keys() | fetch.last_batches.keys() | fetch.positions.keys():
             last = self._last_in(tp, positions.reading_of(tp, fetch.incarnation, fetch.seek_epoch))
             if last is None or last.leader_epoch == NO_EPOCH:
                 continue
-            # A partition's records come in offset order, so epochs never decrease.
-            if leader_epoch_of(records[-1]) > last.leader_epoch or (
-                records[0].offset < last.position
+            records = fetch.batches.get(tp, ())
+            newest = fetch.last_batches.get(tp)
+            # A partition's batches come in offset order, so epochs never decrease.
+            epochs = [leader_epoch_of(records[-1])] if records else []
+            if newest is not None:
+                epochs.append(newest.leader_epoch)
+            position = fetch.positions.get(tp)
+            if (
+                max(epochs, default=NO_EPOCH) > last.leader_epoch
+                or (records and records[0].offset < last.position)
+                or (position is not None and position < last.position)
             ):
                 asked[tp] = last
         return asked
@@ -124,9 +134,9 @@ class TruncationCheck:
         ``fetch`` are then not taken). A partition whose leader cannot be asked now is
         read again from what was delivered, and validated by that fetch. Raises
         nothing."""
-        await self._read_commits(consumer, fetch)
+        commits = await self._read_commits(consumer, fetch)
         by_topic: dict[str, dict[int, LastRead]] = {}
-        for tp, last in self.to_validate(fetch).items():
+        for tp, last in (commits | self.to_validate(fetch)).items():
             by_topic.setdefault(tp.topic, {})[tp.partition] = last
         for topic, partitions in by_topic.items():
             epochs = {partition: last.leader_epoch for partition, last in partitions.items()}
@@ -145,22 +155,30 @@ class TruncationCheck:
                 if found is not None:
                     await self._read_again(consumer, TopicPartition(topic, partition), last, found)
 
-    async def _read_commits(self, consumer: GroupConsumer, fetch: Fetch[ConsumedRecord]) -> None:
-        """For each partition of ``fetch`` whose reading began at the group's committed
-        offset (the assignment's start, no seek by this instance) and took nothing yet:
-        read that commit's offset and leader epoch (OffsetFetch v5), to be validated as
-        a position read before. One request per reading at most: a failure (Kafka away,
-        a broker before 2.1) leaves the reading unvalidated until its first record is
-        taken, as it was before commits carried epochs (logged at info); a commit
-        without an epoch (an older client's, or one that knew none) cannot be
-        validated either."""
+    async def _read_commits(
+        self, consumer: GroupConsumer, fetch: Fetch[ConsumedRecord]
+    ) -> dict[TopicPartition, LastRead]:
+        """For each partition of ``fetch`` (one it read, or whose position it reports)
+        whose reading began at the group's committed offset (the assignment's start, no
+        seek by this instance) and took nothing yet: read that commit's offset and
+        leader epoch (OffsetFetch v5), to be validated now as a position read before,
+        whether or not the fetch brought records of it. Validated at once, as Kafka's
+        consumer validates a committed position before it fetches: a commit past the
+        new log's end has aiokafka reset the position by ``auto.offset.reset``, and at
+        the end of a log nothing written after the loss would come to validate it by.
+
+        Returns those partitions with the commit read (the ones carrying an epoch).
+        Asked once per reading; a failure (Kafka away, a broker before 2.1) is asked
+        again with the next fetch for partitions that have taken nothing yet, while a
+        partition whose records this fetch brings goes on unvalidated, as before
+        commits carried epochs (logged at info). A commit without an epoch (an older
+        client's, or one that knew none) cannot be validated."""
         positions = self.state.positions
         starting: dict[TopicPartition, tuple[int, int]] = {}
-        for tp, records in fetch.batches.items():
+        for tp in fetch.batches.keys() | fetch.positions.keys():
             reading = positions.reading_of(tp, fetch.incarnation, fetch.seek_epoch)
             if (
-                not records
-                or reading is None
+                reading is None
                 or reading[1] != 0
                 or self._commit_read.get(tp) == reading
                 or self._last_in(tp, reading) is not None
@@ -168,19 +186,26 @@ class TruncationCheck:
                 continue
             starting[tp] = reading
         if not starting:
-            return
-        self._commit_read.update(starting)
+            return {}
         try:
-            committed = await consumer.committed_epochs(list(starting))
+            committed = await consumer.committed_epochs(sorted(starting))
         except SidecarError as exc:
+            given_up = sorted(tp for tp in starting if fetch.batches.get(tp))
+            self._commit_read.update((tp, starting[tp]) for tp in given_up)
             _log.info(
-                "%s/%s: the group's commits of %s not read, their readings go on unvalidated: %s",
+                "%s/%s: the group's commits of %s not read (%s); %s",
                 self.state.group,
                 self.state.instance_id,
                 ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(starting)),
                 exc.message,
+                "asked again with the next fetch"
+                if not given_up
+                else "readings with records fetched go on unvalidated: "
+                + ", ".join(f"{tp.topic}[{tp.partition}]" for tp in given_up),
             )
-            return
+            return {}
+        self._commit_read.update(starting)
+        found_commits: dict[TopicPartition, LastRead] = {}
         for tp, reading in starting.items():
             found = committed.get(tp)
             # The request awaited: the reading may have ended, or taken records.
@@ -192,11 +217,13 @@ class TruncationCheck:
             ):
                 continue
             incarnation, seek_stamp = reading
-            self._last[tp] = LastRead(
+            last = LastRead(
                 incarnation, seek_stamp, found.offset, found.leader_epoch, committed=True
             )
+            self._last[tp] = found_commits[tp] = last
             # A commit of the same offset carries the same epoch again.
             self.state.epochs.start_at_commit(tp, incarnation, found.offset, found.leader_epoch)
+        return found_commits
 
     async def _read_again(
         self,

@@ -284,6 +284,31 @@ async def test_a_reset_to_the_end_skips_nothing_written_after_the_loss() -> None
     assert s.delivered[10:] == expected_after_loss(7, 6)
 
 
+async def test_a_reset_to_the_end_of_a_shorter_log_is_validated_with_nothing_written_after() -> (
+    None
+):
+    s = Setup()
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=2)  # the log ends at 9, below 10
+    s.consumer.reset = "latest"
+    await s.poll()  # out of range: at 9, no records; the position alone tells
+    assert s.consumer.sought == [7]
+    await s.poll()
+    assert s.delivered[10:] == expected_after_loss(7, 2)
+
+
+async def test_a_fetch_of_only_a_marker_from_the_new_leader_is_validated() -> None:
+    s = Setup()
+    await s.poll()
+    s.log.unclean_election(kept=7, epoch=2, new=3)
+    s.log.records.append(marker(10, 2))  # the position, 10, now holds a commit marker
+    await s.poll()  # reads the marker only: no record, but a batch of epoch 2
+    assert s.leader.asked == [{0: 1}]
+    assert s.consumer.sought == [7]
+    await s.poll()
+    assert s.delivered[10:] == expected_after_loss(7, 3)
+
+
 async def test_a_clean_leader_change_is_validated_once_and_changes_nothing() -> None:
     s = Setup()
     await s.poll()
@@ -470,6 +495,39 @@ async def test_a_commit_past_the_new_log_end_is_validated_after_the_offset_reset
     assert restarted.consumer.sought == [7]
     await restarted.poll()
     assert restarted.delivered == expected_after_loss(7, 6)
+
+
+async def test_a_commit_past_the_new_log_end_is_validated_with_nothing_written_after() -> None:
+    s = Setup()
+    await s.poll()
+    await s.instance.commit(None)
+    s.log.unclean_election(kept=7, epoch=2, new=2)  # the log ends at 9, below the commit
+    restarted = Setup(log=s.log, group=s.group)
+    restarted.consumer.reset = "latest"
+    # Out of range: aiokafka goes to the end, 9, and nothing more is written. The commit
+    # is validated all the same, not left waiting for a record that never comes.
+    await restarted.poll()
+    assert restarted.consumer.sought == [7]
+    assert restarted.metrics.truncations == [(TP, 3)]
+    await restarted.poll()
+    assert restarted.delivered == expected_after_loss(7, 2)
+
+
+async def test_a_commit_not_read_before_anything_was_fetched_is_asked_again() -> None:
+    s = Setup()
+    await s.poll()
+    await s.instance.commit(None)
+    s.log.unclean_election(kept=7, epoch=2, new=2)
+    restarted = Setup(log=s.log, group=s.group)
+    restarted.consumer.reset = "latest"
+    restarted.group.away = True
+    await restarted.poll()  # at the end: no records, and the commit not read
+    restarted.group.away = False
+    await restarted.poll()
+    assert restarted.consumer.offset_fetches == [[TP], [TP]]
+    assert restarted.consumer.sought == [7]
+    await restarted.poll()
+    assert restarted.delivered == expected_after_loss(7, 2)
 
 
 async def test_a_clean_leader_change_between_a_record_and_its_marker_is_no_truncation() -> None:
