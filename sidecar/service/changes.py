@@ -13,6 +13,10 @@ a coordinator that was paused and finds its journal moved on stops instead of
 overwriting its successor's progress; the barrier is published and withdrawn under the
 same check. A barrier no unfinished journal owns is withdrawn by whoever takes the lock
 next (``orphaned_barrier``), so one left behind cannot refuse the topic's changes.
+
+Housekeeping learns of the journals from a watch on each (one read per write, pushed to
+every sidecar): an idle sidecar asks ZooKeeper nothing per topic and round, and reads a
+journal again only while its watch reports it unfinished, or has not reported it yet.
 """
 
 from __future__ import annotations
@@ -105,6 +109,11 @@ class ChangeRunner:
         self.barrier_timeout_s = barrier_timeout_s
         self.faults = faults or FaultHooks()
         self.audit = audit
+        self._journals: dict[str, Operation | None] = {}
+        """Per topic, its change journal as the journal's watch last reported it (absent:
+        not known, read when needed): housekeeping reads the journal only when a change
+        may be unfinished, not every round for every topic."""
+        self._watched: set[str] = set()
         self._driving: set[str] = set()
         """Topics whose change this sidecar drives now. One that lost its lock (paused
         past its session) drives on until the journal refuses it; this sidecar must not
@@ -215,7 +224,7 @@ class ChangeRunner:
         and withdraw a barrier no change owns; None if no change was resumed. ``pending``
         is the barrier this sidecar last saw published (both are read again under the
         lock). Raises OperationInProgress if the lock is taken."""
-        stored = await self.store.read_operation(topic)
+        stored = await self._journal(topic)
         unfinished = stored is not None and stored.phase not in FINAL_PHASES
         if not unfinished and orphaned_barrier(pending, stored) is None:
             return None
@@ -227,6 +236,24 @@ class ChangeRunner:
                 return None
             _log.warning("resuming %s of %s left by %s", stored.kind, topic, stored.coordinator)
             return await self._drive(stored, None)
+
+    async def _journal(self, topic: str) -> Operation | None:
+        """The topic's journal as its watch last reported it; read from ZooKeeper (and
+        the watch set, the first time) while the watch has not reported it yet, or
+        could not decode it."""
+        if topic not in self._watched:
+            self._watched.add(topic)
+
+            def seen(operation: Operation | None) -> None:
+                self._journals[topic] = operation
+
+            def unreadable() -> None:
+                self._journals.pop(topic, None)
+
+            self.store.watch_journal(topic, seen, unreadable)
+        if topic in self._journals:
+            return self._journals[topic]
+        return await self.store.read_operation(topic)
 
     def _refuse_if_driving(self, topic: str) -> None:
         if topic in self._driving:

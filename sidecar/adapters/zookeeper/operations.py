@@ -20,12 +20,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.recipe.watchers import DataWatch
 
 from sidecar.adapters.zookeeper.connection import ZooKeeperConnection, commit, encode
 from sidecar.core.errors import ChangeTakenOver, MetadataUnavailable, OperationInProgress
@@ -245,6 +246,36 @@ class Operations:
         except NoNodeError:
             return None
         return operation_from_json(json.loads(raw))
+
+    def watch_journal(
+        self,
+        topic: str,
+        seen: Callable[[Operation | None], None],
+        unreadable: Callable[[], None],
+    ) -> None:
+        """Call ``seen`` on the loop with the topic's journal (None: there is none) as soon
+        as the watch is set, whenever it is written or removed, and after every
+        reconnect (kazoo reads the node again then); ``unreadable`` instead when it
+        cannot be decoded. Until the store stops: a topic no longer managed keeps its
+        watch (one per topic this process managed)."""
+
+        def changed(data: bytes | None, stat: Any, event: Any) -> None:
+            if data is None:
+                self._connection.to_loop(seen, None)
+                return
+            try:
+                operation = operation_from_json(json.loads(data))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("the journal of %s cannot be read: %r", topic, exc)
+                self._connection.to_loop(unreadable)
+                return
+            self._connection.to_loop(seen, operation)
+
+        # DataWatch reads the node before it returns, retrying while disconnected: not on
+        # the event loop.
+        self._connection.client.handler.spawn(
+            DataWatch, self._connection.client, self._connection.ops_path(topic), changed
+        )
 
     async def take_over_operation(self, topic: str) -> Operation | None:
         """Read the journal to drive it from now on: later saves by this store check that

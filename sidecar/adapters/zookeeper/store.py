@@ -235,6 +235,17 @@ class MetadataStore:
     async def read_operation(self, topic: str) -> Operation | None:
         return await self._operations.read_operation(topic)
 
+    def watch_journal(
+        self,
+        topic: str,
+        seen: Callable[[Operation | None], None],
+        unreadable: Callable[[], None],
+    ) -> None:
+        """Call ``seen`` on the loop with the topic's change journal (None: none) when the
+        watch is set, whenever it is written, and after every reconnect; ``unreadable``
+        instead when it cannot be decoded."""
+        self._operations.watch_journal(topic, seen, unreadable)
+
     async def take_over_operation(self, topic: str) -> Operation | None:
         """Read the journal to drive it from now on: later saves by this store check that
         nobody else wrote it in between."""

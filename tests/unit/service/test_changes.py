@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -112,6 +112,11 @@ class _Zk:
         self.failures: dict[str, list[SidecarError]] = {}
         """Per method, errors its next calls raise (ZooKeeper away)."""
         self.barrier_up = asyncio.Event()
+        self.journal_watches: dict[
+            str, list[tuple[Callable[[Operation | None], None], Callable[[], None]]]
+        ] = {}
+        """Per topic, the journal watches set: (seen, unreadable)."""
+        self.journal_reads = 0
         self.trail: list[str] = []
         """What was written, in order (shared with the Kafka fake)."""
 
@@ -124,6 +129,8 @@ class _Zk:
         """Write a journal as another sidecar would (a dead coordinator's, a successor's)."""
         self.journals[operation.topic] = operation
         self.versions[operation.topic] = self.versions.get(operation.topic, -1) + 1
+        for seen, _ in self.journal_watches.get(operation.topic, []):
+            asyncio.get_running_loop().call_soon(seen, operation)
 
     def _require_owner(self, topic: str) -> None:
         expected = self.expected.get(topic)
@@ -137,7 +144,19 @@ class _Zk:
         return self.topics[topic]
 
     async def read_operation(self, topic: str) -> Operation | None:
+        self.journal_reads += 1
         return self.journals.get(topic)
+
+    def watch_journal(
+        self,
+        topic: str,
+        seen: Callable[[Operation | None], None],
+        unreadable: Callable[[], None],
+    ) -> None:
+        """As a watch does: reports the journal soon after it is set, then soon after
+        every write of it (on the loop, from ZooKeeper's thread)."""
+        self.journal_watches.setdefault(topic, []).append((seen, unreadable))
+        asyncio.get_running_loop().call_soon(seen, self.journals.get(topic))
 
     async def take_over_operation(self, topic: str) -> Operation | None:
         if topic not in self.journals:
@@ -844,6 +863,46 @@ async def test_housekeeping_with_nothing_to_resume_takes_no_lock() -> None:
     locks = list(fakes.zk.locks_taken)
     assert await fakes.runner.resume_abandoned(TOPIC) is None
     assert fakes.zk.locks_taken == locks
+
+
+async def test_housekeeping_reads_a_journal_only_until_its_watch_reports_it() -> None:
+    fakes = _Fakes(_topic(2))
+    await fakes.runner.change(ChangeRequest(TOPIC, 3))
+    assert await fakes.runner.resume_abandoned(TOPIC) is None
+    reads = fakes.zk.journal_reads
+    for _ in range(5):  # idle rounds: the watch says the journal is final
+        await asyncio.sleep(0)
+        assert await fakes.runner.resume_abandoned(TOPIC) is None
+    assert fakes.zk.journal_reads == reads
+    assert fakes.zk.locks_taken == [(TOPIC, A, "change")]
+
+
+async def test_a_change_abandoned_after_the_watch_was_set_is_resumed_from_its_report() -> None:
+    state = _topic(2)
+    fakes = _Fakes(state)
+    assert await fakes.runner.resume_abandoned(TOPIC) is None
+    await asyncio.sleep(0)  # the watch reported: no journal
+    # Another sidecar starts a change and dies; only the watch tells this one.
+    fakes.zk.journal(_journal(state, OperationKind.EXPAND, 3, Phase.CREATING_PARTITIONS))
+    await asyncio.sleep(0)
+    reads = fakes.zk.journal_reads
+    resumed = await fakes.runner.resume_abandoned(TOPIC)
+    assert resumed is not None
+    assert resumed.phase is Phase.DONE
+    assert fakes.zk.journal_reads == reads  # taken over under the lock, not read first
+    assert fakes.state.log.current.undeleted_count == 3
+
+
+async def test_a_journal_its_watch_cannot_decode_is_read_every_round() -> None:
+    fakes = _Fakes(_topic(2))
+    assert await fakes.runner.resume_abandoned(TOPIC) is None
+    await asyncio.sleep(0)
+    [(_, unreadable)] = fakes.zk.journal_watches[TOPIC]
+    unreadable()
+    reads = fakes.zk.journal_reads
+    assert await fakes.runner.resume_abandoned(TOPIC) is None
+    assert await fakes.runner.resume_abandoned(TOPIC) is None
+    assert fakes.zk.journal_reads == reads + 2
 
 
 async def test_housekeeping_does_not_resume_a_change_whose_lock_is_held() -> None:
