@@ -61,6 +61,10 @@ class TopicRuntime:
     participant: Participant
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     refreshing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    refreshes_asked: int = 0
+    """How many re-reads of the topic were asked for (a watch firing, a caller)."""
+    refreshes_covered: int = 0
+    """Up to which of them a completed read began after the asking: those are done."""
 
     def notify(self) -> None:
         """Wake everyone waiting for a change; later waiters wait for the next one."""
@@ -311,12 +315,22 @@ class TopicRegistry:
         return runtime
 
     async def refresh(self, runtime: TopicRuntime) -> None:
-        """Re-read the topic and apply what changed: a commit, a barrier, a rollback."""
+        """Re-read the topic and apply what changed: a commit, a barrier, a rollback.
+
+        Re-reads asked for while one waits for another to finish are done by one read:
+        each watch of a topic fires once when set, and a change fires several, so a
+        sidecar starting with many topics read each several times over."""
+        runtime.refreshes_asked += 1
+        asked = runtime.refreshes_asked
         async with runtime.refreshing:
+            if runtime.refreshes_covered >= asked:
+                return  # a read that began after this was asked is done
+            covers = runtime.refreshes_asked
             try:
                 state = await self.store.read_topic(runtime.name)
             except MetadataUnavailable:
                 return  # the session listener re-reads on reconnect
+            runtime.refreshes_covered = covers
             self._apply_state(runtime, state)
         await self.maybe_ack_barrier(runtime)
 

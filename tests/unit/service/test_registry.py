@@ -10,6 +10,7 @@ would apply it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -110,3 +111,37 @@ def test_a_shrink_has_nothing_to_prepare() -> None:
     sidecar._apply_state(runtime, _state(PendingBarrier(generation=1, target_count=1)))
     assert writer.prepared == []
     assert runtime.participant.admission() is Admission.HOLD
+
+
+class _SlowStore(_Store):
+    """Reads of the topic wait until ``answer`` is set; each is counted."""
+
+    def __init__(self, state: TopicState) -> None:
+        super().__init__()
+        self.state = state
+        self.reads = 0
+        self.answer = asyncio.Event()
+
+    async def read_topic(self, name: str) -> TopicState:
+        self.reads += 1
+        await self.answer.wait()
+        return self.state
+
+
+async def test_refreshes_asked_while_one_reads_are_done_by_one_more_read() -> None:
+    store = _SlowStore(_state(None))
+    sidecar = _sidecar()
+    sidecar.store = store  # type: ignore[assignment]
+    runtime = sidecar._adopt_runtime(_state(None))
+    reading = asyncio.create_task(sidecar.refresh(runtime))
+    await asyncio.sleep(0)
+    assert store.reads == 1
+    # Watches fire while that read is under way: what it read may predate them.
+    later = [asyncio.create_task(sidecar.refresh(runtime)) for _ in range(4)]
+    await asyncio.sleep(0)
+    store.answer.set()
+    await asyncio.gather(reading, *later)
+    assert store.reads == 2
+    # Asked after everything was read: read again.
+    await sidecar.refresh(runtime)
+    assert store.reads == 3
