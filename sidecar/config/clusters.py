@@ -72,6 +72,10 @@ class ZooKeeperSettings:
     it: a watch that missed a topic managed by another sidecar (set while ZooKeeper was
     away) has it watched, and its barriers acked, within this delay. Each read is one
     ZooKeeper request per sidecar; the watch itself costs none while idle."""
+    read_concurrency: int = 8
+    """How many managed topics are read from ZooKeeper at once when a sidecar starts (or
+    finds several new ones): each read is a few round trips, overlapped this many at a
+    time on the one session."""
     security: ZooKeeperSecuritySettings = field(default_factory=ZooKeeperSecuritySettings)
     """TLS, authentication and the ACLs of the znodes (``zookeeper.security``)."""
 

@@ -82,7 +82,12 @@ _POSITIVE = {
         "retirement_lock_timeout_s",
         "housekeeping_interval_s",
     ),
-    "zookeeper": ("lock_poll_s", "transaction_attempts", "topic_list_interval_s"),
+    "zookeeper": (
+        "lock_poll_s",
+        "transaction_attempts",
+        "topic_list_interval_s",
+        "read_concurrency",
+    ),
     "kafka": ("reset_backoff_s", "retry_backoff_s", "transaction_poll_ms"),
     "http": ("shutdown_grace_s", "lingering_time_s", "refusal_linger_s"),
     "produce": (

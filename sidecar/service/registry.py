@@ -285,12 +285,28 @@ class TopicRegistry:
             await self.refresh_topic_list()
 
     async def refresh_topic_list(self) -> None:
-        for name in await self.store.list_topics():
-            if name not in self.topics:
+        """Adopt every managed topic not known yet. They are read a few at a time
+        (``zookeeper.read_concurrency``): one after the other, a sidecar starting with a
+        thousand topics waited a thousand times for a few ZooKeeper round trips. Raises
+        the first MetadataUnavailable, once every read has ended."""
+        new = [name for name in await self.store.list_topics() if name not in self.topics]
+        gate = asyncio.Semaphore(self.settings.zookeeper.read_concurrency)
+
+        async def adopt(name: str) -> None:
+            async with gate:
                 try:
-                    self._adopt_runtime(await self.store.read_topic(name))
+                    state = await self.store.read_topic(name)
                 except UnknownTopic:
-                    continue  # deleted between list and read
+                    return  # deleted between list and read
+            self._adopt_runtime(state)  # a no-op if a produce adopted it meanwhile
+
+        failures = [
+            outcome
+            for outcome in await asyncio.gather(*map(adopt, new), return_exceptions=True)
+            if isinstance(outcome, BaseException)
+        ]
+        if failures:
+            raise failures[0]
 
     def _adopt_runtime(self, state: TopicState) -> TopicRuntime:
         name = state.config.name

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from sidecar.config import Settings
+from sidecar.core.errors import MetadataUnavailable, UnknownTopic
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.participant import Admission
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
@@ -145,3 +149,52 @@ async def test_refreshes_asked_while_one_reads_are_done_by_one_more_read() -> No
     # Asked after everything was read: read again.
     await sidecar.refresh(runtime)
     assert store.reads == 3
+
+
+class _ManyTopics(_Store):
+    """``count`` managed topics; reads overlap as ZooKeeper round trips would."""
+
+    def __init__(self, count: int, unknown: str = "", failing: str = "") -> None:
+        super().__init__()
+        self.names = [f"t{i:03d}" for i in range(count)]
+        self.unknown = unknown
+        self.failing = failing
+        self.reading = 0
+        self.most_at_once = 0
+
+    async def list_topics(self) -> list[str]:
+        return list(self.names)
+
+    async def read_topic(self, name: str) -> TopicState:
+        self.reading += 1
+        self.most_at_once = max(self.most_at_once, self.reading)
+        try:
+            await asyncio.sleep(0.001)
+            if name == self.unknown:
+                raise UnknownTopic(f"topic {name!r} is not managed")
+            if name == self.failing:
+                raise MetadataUnavailable("ZooKeeper: connection lost")
+            state = _state(None)
+            return replace(state, config=replace(state.config, name=name))
+        finally:
+            self.reading -= 1
+
+
+async def test_the_topic_list_is_read_a_few_topics_at_a_time() -> None:
+    store = _ManyTopics(40, unknown="t007")
+    sidecar = _sidecar()
+    sidecar.store = store  # type: ignore[assignment]
+    await sidecar.refresh_topic_list()
+    assert sorted(sidecar.topics) == [name for name in store.names if name != "t007"]
+    assert store.most_at_once == sidecar.settings.zookeeper.read_concurrency
+    assert sorted(store.watched) == sorted(sidecar.topics)
+
+
+async def test_a_read_that_fails_is_raised_after_the_others_are_adopted() -> None:
+    store = _ManyTopics(20, failing="t003")
+    sidecar = _sidecar()
+    sidecar.store = store  # type: ignore[assignment]
+    with pytest.raises(MetadataUnavailable):
+        await sidecar.refresh_topic_list()
+    assert len(sidecar.topics) == 19
+    assert store.reading == 0
