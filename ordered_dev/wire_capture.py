@@ -3,7 +3,8 @@
 ``python -m ordered_dev.wire_capture OUT.json`` starts a local three-node cluster in a
 temporary directory, writes records to a topic of two partitions, moves the leadership of
 partition 0 by stopping its leader (so its leader epoch is no longer 0), writes again,
-then sends each request of ``sidecar.adapters.kafka_protocol`` over a plain socket and
+then sends each request of ``sidecar.adapters.kafka_protocol`` over a plain socket (the
+group requests to the coordinator of a group with no members) and
 stores every request and answer as hex (without the size prefix), with what is known
 about the log, in ``OUT.json``; the cluster is stopped at the end.
 ``tests/unit/adapters/test_kafka_protocol.py`` reads that file.
@@ -22,15 +23,20 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.protocol.coordination import FindCoordinatorRequest, FindCoordinatorRequest_v1
 
 from ordered_dev.devcluster.cluster import LocalCluster, wait_until
 from sidecar.adapters.kafka_protocol import (
     NO_EPOCH,
     EpochListOffsetsRequest,
     EpochMetadataRequest,
+    EpochOffsetCommitRequest,
+    EpochOffsetFetchRequest,
     ListOffsetsRequest_v4,
     ListOffsetsRequest_v5,
     MetadataRequest_v7,
+    OffsetCommitRequest_v6,
+    OffsetFetchRequest_v5,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochRequest_v3,
 )
@@ -39,6 +45,9 @@ TOPIC = "kip320-wire"
 CLIENT_ID = "wire-capture"
 RECORDS_BEFORE = 5
 RECORDS_AFTER = 3
+GROUP = "wire-group"
+"""A group with no members: its offsets are committed as a standalone consumer commits
+them (generation -1, no member id)."""
 
 
 async def _exchange(port: int, correlation_id: int, request_struct: Any) -> tuple[bytes, bytes]:
@@ -141,6 +150,7 @@ async def capture(cluster: LocalCluster) -> dict[str, Any]:
         )
         sent, answer = await _exchange(leader_port, 23, request)
         exchanges[name] = {"request": sent.hex(), "response": answer.hex()}
+    exchanges.update(await _group_exchanges(ports, alive, epoch))
     return {
         "broker": "Apache Kafka 4.3.0, KRaft, three combined nodes",
         "topic": TOPIC,
@@ -151,7 +161,52 @@ async def capture(cluster: LocalCluster) -> dict[str, Any]:
         "old_epoch": old_epoch,
         "leader": leader,
         "epoch": epoch,
+        "group": GROUP,
         "exchanges": exchanges,
+    }
+
+
+async def _coordinator(port: int) -> int:
+    """The node id of the coordinator of ``GROUP``, asked of the broker at ``port``."""
+    finding = FindCoordinatorRequest(GROUP, 0).build(FindCoordinatorRequest_v1)
+    while True:
+        _, answer = await _exchange(port, 10, finding)
+        found = _body(finding, answer)
+        if found.error_code == 0:
+            return int(found.coordinator_id)
+        await asyncio.sleep(0.5)  # the offsets topic's partition is still electing
+
+
+async def _group_exchanges(
+    ports: dict[int, int], alive: dict[int, int], epoch: int
+) -> dict[str, Any]:
+    """OffsetCommit v6 of partition 0 past every record, with the leader epoch they were
+    read under, then OffsetFetch v5 of partitions 0 (committed) and 1 (never), both to
+    the group's coordinator."""
+    offset = RECORDS_BEFORE + RECORDS_AFTER
+    commit = EpochOffsetCommitRequest(GROUP, -1, "", [(TOPIC, [(0, offset, epoch, "")])]).build(
+        OffsetCommitRequest_v6
+    )
+    fetch = EpochOffsetFetchRequest(GROUP, [(TOPIC, [0, 1])]).build(OffsetFetchRequest_v5)
+    # The offsets topic was made by this run's first group request: until its partition
+    # is loaded, the coordinator answers COORDINATOR_LOAD_IN_PROGRESS and the like. The
+    # stored exchanges are the first ones answered without an error.
+    for _ in range(120):
+        coordinator = await _coordinator(next(iter(alive.values())))
+        commit_sent, commit_answer = await _exchange(ports[coordinator], 8, commit)
+        [(_, [(_, commit_error)])] = _body(commit, commit_answer).topics
+        if commit_error != 0:
+            await asyncio.sleep(0.5)
+            continue
+        fetch_sent, fetch_answer = await _exchange(ports[coordinator], 9, fetch)
+        if _body(fetch, fetch_answer).error_code == 0:
+            break
+        await asyncio.sleep(0.5)
+    else:
+        raise AssertionError("the group's coordinator did not take the commit within 60 s")
+    return {
+        "offset_commit_v6": {"request": commit_sent.hex(), "response": commit_answer.hex()},
+        "offset_fetch_v5": {"request": fetch_sent.hex(), "response": fetch_answer.hex()},
     }
 
 

@@ -5,8 +5,11 @@ Kafka 4.3.0: five records written to partition 0 under leader epoch 0, its leade
 stopped, three more written under epoch 1. Each request is encoded again and compared
 with what was sent (and with the layout of Kafka's message definitions, packed by hand,
 so that an encoder bug cannot be pinned by its own output); each answer is decoded.
-OffsetCommit v6 and OffsetFetch v5 are not in the capture yet: their answers here are
-packed by hand after Kafka's message definitions (see their section below).
+Then a commit of partition 0 past every record, with the epoch they were written under,
+for a group with no members (OffsetCommit v6), and that commit fetched back (OffsetFetch
+v5). Those two are also checked against layouts and answers packed by hand after Kafka's
+message definitions, for the cases a capture does not show (an error per partition, a
+commit without an epoch, a coordinator still loading).
 """
 
 from __future__ import annotations
@@ -222,9 +225,8 @@ def test_a_broker_without_leader_epochs_is_refused_before_sending() -> None:
 
 # OffsetCommit v6 and OffsetFetch v5 -------------------------------------------------------
 #
-# Not in the capture yet: the requests are compared with Kafka's layout packed by hand,
-# and the answers are bytes packed by hand after the same definitions
-# (OffsetCommitResponse.json, OffsetFetchResponse.json), not bytes a broker sent.
+# Packed by hand after Kafka's definitions (OffsetCommitRequest/Response.json,
+# OffsetFetchRequest/Response.json): the cases the capture below does not show.
 
 _GROUP, _MEMBER = "billing", "sidecar-1-4b7c"
 
@@ -329,3 +331,63 @@ def test_offset_fetch_v5_answers_a_loading_coordinator_with_a_group_error() -> N
         "topics": [],
         "error_code": 14,
     }
+
+
+# The same, against a broker's bytes ----------------------------------------------------------
+#
+# The capture commits partition 0 of its topic past every record, with the leader epoch
+# they were written under, for a group with no members (generation -1, no member id), and
+# fetches partitions 0 and 1 back (1 never committed).
+
+_CAPTURED_GROUP = _CAPTURED["group"]
+_COMMITTED = _BEFORE + _AFTER
+
+
+def test_offset_commit_v6_is_encoded_as_the_broker_received_it() -> None:
+    sent, _ = _exchange("offset_commit_v6")
+    request = EpochOffsetCommitRequest(
+        _CAPTURED_GROUP, -1, "", [(_TOPIC, [(0, _COMMITTED, _EPOCH, "")])]
+    ).build(OffsetCommitRequest_v6)
+    assert _encoded(request, 8) == sent
+
+
+def test_offset_commit_v6_answer_of_a_broker_is_decoded() -> None:
+    _, answer = _exchange("offset_commit_v6")
+    request = EpochOffsetCommitRequest(_CAPTURED_GROUP, -1, "", []).build(OffsetCommitRequest_v6)
+    buffer = BytesIO(answer)
+    assert request.parse_response_header(buffer).correlation_id == 8
+    response = request.RESPONSE_TYPE.decode(buffer)
+    assert buffer.read() == b""
+    assert [(topic, list(partitions)) for topic, partitions in response.topics] == [
+        (_TOPIC, [(0, 0)])
+    ]
+
+
+def test_offset_fetch_v5_is_encoded_as_the_broker_received_it() -> None:
+    sent, _ = _exchange("offset_fetch_v5")
+    request = EpochOffsetFetchRequest(_CAPTURED_GROUP, [(_TOPIC, [0, 1])]).build(
+        OffsetFetchRequest_v5
+    )
+    assert _encoded(request, 9) == sent
+
+
+def test_offset_fetch_v5_answer_of_a_broker_carries_the_committed_epoch() -> None:
+    _, answer = _exchange("offset_fetch_v5")
+    request = EpochOffsetFetchRequest(_CAPTURED_GROUP, [(_TOPIC, [0, 1])]).build(
+        OffsetFetchRequest_v5
+    )
+    decoded = _decoded(request, answer)
+    assert decoded["error_code"] == 0
+    [topic] = decoded["topics"]
+    assert topic["name"] == _TOPIC
+    by_partition = {p["partition_index"]: p for p in topic["partitions"]}
+    assert (by_partition[0]["committed_offset"], by_partition[0]["committed_leader_epoch"]) == (
+        _COMMITTED,
+        _EPOCH,
+    )
+    assert by_partition[0]["error_code"] == 0
+    # Never committed: offset -1 and no epoch.
+    assert (by_partition[1]["committed_offset"], by_partition[1]["committed_leader_epoch"]) == (
+        -1,
+        NO_EPOCH,
+    )
