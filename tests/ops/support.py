@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import re
 import time
 from collections.abc import AsyncIterator
@@ -65,28 +64,6 @@ def _series_names(family: Metric) -> set[str]:
     if family.type == "histogram":
         return {f"{family.name}_{suffix}" for suffix in ("bucket", "sum", "count")}
     return {family.name}
-
-
-def apply_patch(document: dict[str, Any], operations: list[Any]) -> dict[str, Any]:
-    """``document`` after RFC 6902 "add" operations (all that injection emits), as a copy."""
-    result = copy.deepcopy(document)
-    for operation in operations:
-        assert operation["op"] == "add", operation
-        *parents, last = [
-            part.replace("~1", "/").replace("~0", "~") for part in operation["path"].split("/")[1:]
-        ]
-        target: Any = result
-        for part in parents:
-            target = target[int(part)] if isinstance(target, list) else target[part]
-        value = copy.deepcopy(operation["value"])
-        if isinstance(target, list):
-            if last == "-":
-                target.append(value)
-            else:
-                target.insert(int(last), value)
-        else:
-            target[last] = value
-    return result
 
 
 @contextlib.asynccontextmanager

@@ -43,7 +43,8 @@ from sidecar.inject.patch import (
     patch_for,
 )
 from sidecar.inject.server import add_arguments, config_from_args
-from tests.ops.support import ROOT, apply_patch
+from tests.ops.support import ROOT
+from tests.support.json_patch import apply_patch
 
 CHART = ROOT / "charts" / "ordered-sidecar"
 HELM_VERSION = "v3.19.0"

@@ -25,7 +25,8 @@ import trustme
 
 from sidecar.inject.patch import CONTAINER_NAME, InjectConfig, sidecar_container
 from sidecar.inject.server import WebhookServer
-from tests.ops.support import apply_patch
+from tests.support.json_patch import apply_patch
+from tests.unit.inject.support import REVIEW
 
 CONFIG = InjectConfig(
     image="registry.example.com/ordered-sidecar:0.1.0", admin_token_secret="ordered-sidecar-admin"
@@ -106,7 +107,7 @@ def admission_review(annotations: dict[str, str]) -> dict[str, Any]:
     }
 
 
-CREDENTIALS_REVIEW = Path(__file__).with_name("reviews") / "pod-create-with-credentials.json"
+CREDENTIALS_REVIEW = REVIEW
 """An AdmissionReview for a pod whose annotations name credential Secrets."""
 
 

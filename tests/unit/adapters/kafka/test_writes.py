@@ -1,0 +1,260 @@
+"""``sidecar.adapters.kafka.writes``: the hold on the aiokafka internal the transaction
+poll depends on, queueing a record and reading what became of it, and the wait for
+metadata to show new partitions, over fake aiokafka producers and clients. Sends to a
+real cluster are tested in ``tests/integration/test_kafka_gateway.py`` and
+``tests/integration/test_produce.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka.errors import (
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    NotLeaderForPartitionError,
+    TopicAuthorizationFailedError,
+)
+from aiokafka.errors import (
+    ProducerFenced as ProducerFencedError,
+)
+from aiokafka.producer import sender as aiokafka_sender
+
+from sidecar.adapters.kafka import SendFailed, set_transaction_poll
+from sidecar.adapters.kafka.admin import KafkaAdmin
+from sidecar.adapters.kafka.clients import ConnectionState
+from sidecar.adapters.kafka.writes import (
+    KafkaWrites,
+    OutgoingKafkaRecord,
+    SentRecord,
+    await_partition_count,
+    enqueue,
+    sent_record,
+)
+from sidecar.config import KafkaSettings
+from sidecar.core.errors import KafkaUnavailable
+
+
+@pytest.fixture
+def restore_backoff_override() -> Iterator[None]:
+    before = aiokafka_sender.BACKOFF_OVERRIDE
+    yield
+    aiokafka_sender.BACKOFF_OVERRIDE = before
+
+
+def test_aiokafka_still_polls_a_busy_coordinator_with_the_constant_set() -> None:
+    # If aiokafka renames the constant or stops returning it for CONCURRENT_TRANSACTIONS,
+    # the setting would silently do nothing: fail here instead.
+    handler = inspect.getsource(aiokafka_sender.AddPartitionsToTxnHandler.handle_response)
+    assert "ConcurrentTransactions" in handler
+    assert "return BACKOFF_OVERRIDE" in handler
+
+
+@pytest.mark.usefixtures("restore_backoff_override")
+def test_the_transaction_poll_setting_reaches_aiokafka() -> None:
+    set_transaction_poll(5.0)
+    assert aiokafka_sender.BACKOFF_OVERRIDE == 0.005
+    set_transaction_poll(2.0)
+    assert aiokafka_sender.BACKOFF_OVERRIDE == 0.002
+
+
+# Queueing a record and what became of it -------------------------------------------------
+
+
+def _failure(outcome: object) -> tuple[str, bool, bool]:
+    """A SendFailed's message, whether the record may have been appended, and whether
+    the principal was refused (SendFailed is an exception: equal only to itself)."""
+    assert isinstance(outcome, SendFailed), outcome
+    return outcome.message, outcome.maybe_appended, outcome.not_authorized
+
+
+class _Producer:
+    """An aiokafka producer whose ``send`` raises ``error`` or queues the record."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.sent: list[dict[str, Any]] = []
+
+    async def send(self, topic: str, **record: Any) -> asyncio.Future[Any]:
+        if self.error is not None:
+            raise self.error
+        self.sent.append({"topic": topic, **record})
+        return asyncio.get_running_loop().create_future()
+
+
+async def test_a_record_is_queued_with_everything_it_carries() -> None:
+    producer = _Producer()
+    record = OutgoingKafkaRecord(3, b"k", b"v", [("h", b"1"), ("n", None)], timestamp_ms=17)
+    delivery = await enqueue(producer, "orders", record)
+    assert isinstance(delivery, asyncio.Future)
+    assert producer.sent == [
+        {
+            "topic": "orders",
+            "value": b"v",
+            "key": b"k",
+            "partition": 3,
+            "headers": [("h", b"1"), ("n", None)],
+            "timestamp_ms": 17,
+        }
+    ]
+
+
+async def test_a_tombstone_without_a_key_is_refused_before_it_is_queued() -> None:
+    producer = _Producer()
+    outcome = await enqueue(producer, "orders", OutgoingKafkaRecord(0, None, None, []))
+    assert _failure(outcome) == ("a tombstone needs a key", False, False)
+    assert producer.sent == []
+
+
+@pytest.mark.parametrize(
+    ("error", "not_authorized"),
+    [
+        (MessageSizeTooLargeError(), False),
+        (KafkaTimeoutError("buffer full"), False),
+        (TopicAuthorizationFailedError(), True),
+    ],
+)
+async def test_a_record_refused_by_send_can_never_have_been_appended(
+    error: Exception, not_authorized: bool
+) -> None:
+    outcome = await enqueue(_Producer(error), "orders", OutgoingKafkaRecord(0, b"k", b"v", []))
+    assert isinstance(outcome, SendFailed)
+    assert outcome.message == str(error)
+    assert outcome.maybe_appended is False
+    assert outcome.not_authorized is not_authorized
+
+
+async def test_a_fenced_producer_is_not_a_failed_send_but_raised() -> None:
+    with pytest.raises(ProducerFencedError):
+        await enqueue(_Producer(ProducerFencedError()), "t", OutgoingKafkaRecord(0, b"k", b"", []))
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "kept"), [(1_700_000_000_000, 1_700_000_000_000), (-1, None), (None, None)]
+)
+def test_a_sent_record_is_its_position_and_kafkas_timestamp(
+    timestamp: int | None, kept: int | None
+) -> None:
+    metadata = SimpleNamespace(partition=2, offset=41, timestamp=timestamp)
+    sent = sent_record(metadata)
+    assert (sent.partition, sent.offset, sent.timestamp_ms) == (2, 41, kept)
+
+
+def test_records_are_equal_by_position_whatever_their_timestamps() -> None:
+    assert SentRecord(2, 41, 5) == SentRecord(2, 41, None)
+    assert SentRecord(2, 41) != SentRecord(2, 42)
+
+
+def _writes() -> KafkaWrites:
+    settings = KafkaSettings(request_timeout_ms=250)
+    connection = ConnectionState()
+    return KafkaWrites(settings, connection, KafkaAdmin(settings, connection))
+
+
+async def test_an_unanswered_send_may_have_been_appended() -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        delivery: asyncio.Future[Any] = loop.create_future()
+        outcome = _writes()._outcome(delivery)
+        assert _failure(outcome) == ("no acknowledgement within 0.25 s", True, False)
+        # Answered later, when nobody waits: its error is not reported as never retrieved.
+        delivery.set_exception(KafkaTimeoutError())
+        await asyncio.sleep(0)
+        del delivery, outcome
+        gc.collect()
+    finally:
+        loop.set_exception_handler(handler)
+    assert reported == []
+
+
+@pytest.mark.parametrize(
+    ("error", "maybe_appended", "not_authorized"),
+    [
+        # The broker refused the batch: not retried, not appended.
+        (MessageSizeTooLargeError(), False, False),
+        (TopicAuthorizationFailedError(), False, True),
+        # Retriable errors retried until the batch expired: an attempt may have landed.
+        (NotLeaderForPartitionError(), True, False),
+        (KafkaTimeoutError("expired"), True, False),
+    ],
+)
+async def test_a_failed_delivery_says_whether_the_record_may_have_been_appended(
+    error: Exception, maybe_appended: bool, not_authorized: bool
+) -> None:
+    delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    delivery.set_exception(error)
+    outcome = _writes()._outcome(delivery)
+    assert isinstance(outcome, SendFailed)
+    assert (outcome.maybe_appended, outcome.not_authorized) == (maybe_appended, not_authorized)
+
+
+async def test_a_delivered_record_is_where_it_landed() -> None:
+    delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    delivery.set_result(SimpleNamespace(partition=1, offset=9, timestamp=-1))
+    assert _writes()._outcome(delivery) == SentRecord(1, 9)
+
+
+async def test_an_empty_batch_asks_nothing() -> None:
+    # Not started: anything asked of Kafka would raise.
+    assert await _writes().send_batch("orders", []) == []
+
+
+async def test_a_batch_that_cannot_be_sent_fails_every_record_unappended() -> None:
+    # Before start the connection is unavailable: every record fails, none is raised.
+    records = [OutgoingKafkaRecord(p, b"k", b"v", []) for p in (0, 1)]
+    outcomes = await _writes().send_batch("orders", records)
+    assert [_failure(outcome) for outcome in outcomes] == [
+        ("the Kafka connection is not started", False, False)
+    ] * 2
+
+
+# Waiting for metadata to show new partitions ----------------------------------------------
+
+
+class _MetadataClient:
+    """An aiokafka client whose metadata shows ``counts`` partitions, one refresh at a time."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+        self.topics: list[str] = []
+        self.refreshes = 0
+        self.cluster = SimpleNamespace(partitions_for_topic=self._partitions)
+
+    def _partitions(self, topic: str) -> set[int] | None:
+        count = self.counts[min(self.refreshes, len(self.counts) - 1)]
+        return None if count == 0 else set(range(count))
+
+    def add_topic(self, topic: str) -> None:
+        self.topics.append(topic)
+
+    async def force_metadata_update(self) -> bool:
+        self.refreshes += 1
+        return True
+
+
+async def test_the_wait_ends_once_the_metadata_shows_the_partitions() -> None:
+    client = _MetadataClient([0, 4, 6])
+    await await_partition_count(client, "orders", 6, 5.0, backoff_s=0.001)
+    assert client.topics == ["orders"]  # the client is asked to follow the topic
+    assert client.refreshes == 2
+
+
+async def test_partitions_already_shown_need_no_refresh() -> None:
+    client = _MetadataClient([8])
+    await await_partition_count(client, "orders", 6, 5.0, backoff_s=0.001)
+    assert client.refreshes == 0
+
+
+async def test_partitions_never_shown_are_unavailable_after_the_timeout() -> None:
+    client = _MetadataClient([4])
+    with pytest.raises(KafkaUnavailable, match="the metadata does not show 6 partitions of orders"):
+        await await_partition_count(client, "orders", 6, 0.05, backoff_s=0.01)
+    assert client.refreshes >= 2
