@@ -283,7 +283,7 @@ def set_transaction_poll(poll_ms: float) -> None:
     setting; Java's client does the same, KAFKA-5477), and the markers take a few ms on a
     healthy cluster: a one-record transaction took 47 ms at 20 ms, 16 ms at 5 ms and 9 ms
     at 2 ms on the local cluster. Process-wide: every transactional producer of the
-    process polls at the last value set. ``tests/unit/adapters/test_kafka.py``
+    process polls at the last value set. ``tests/unit/adapters/kafka/test_writes.py``
     checks that aiokafka still reads the constant there."""
     aiokafka_sender.BACKOFF_OVERRIDE = poll_ms / 1000
 
