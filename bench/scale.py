@@ -4,7 +4,7 @@ and start time against the number of managed topics.
 Run from the repository root::
 
     .venv/bin/python -m bench.scale [--sidecars 1 3 10] [--topics 1] [--window 60]
-                                     [--topics-start 1 100] [--lanes 1]
+                                     [--topics-start 1 100] [--lanes 1] [--changes 5]
                                      [--report bench/results/scale.md]
 
 One dev cluster (``provide_cluster()``: ZooKeeper and 3 KRaft brokers, which do not use
@@ -41,6 +41,11 @@ its ``/readyz`` answers 200 (polled every 20 ms), the ZooKeeper requests its ses
 made until then (``stat``: the new connection), and its RSS at that moment and
 ``--settle`` seconds later (after its first housekeeping round). The first count is
 measured once more with 3 lanes (the default) to show what ``--lanes`` saves.
+
+**A change's time.** After each idle window, ``--changes`` expansions of one more topic
+(created with 1 partition before the first), each by one partition, one after the
+other: the admin request's time until it answers with the change done, and ZooKeeper's
+``Received`` over them.
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ class Plan:
     start_repeats: int
     settle_s: float
     lanes: int
+    changes: int = 0
 
 
 # ZooKeeper's four-letter words -----------------------------------------------------------
@@ -363,6 +369,50 @@ async def measure_window(
     )
 
 
+# Changes against the fleet ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """``count`` expansions of one topic, one after the other, with the fleet idle."""
+
+    sidecars: int
+    seconds: list[float]
+    """Each change, from the admin request to its answer (phase done)."""
+    received: int
+    """ZooKeeper packets received during the changes (every sidecar and the probe)."""
+    window_s: float
+
+
+async def measure_changes(
+    http: aiohttp.ClientSession,
+    hosts: str,
+    fleet: Sequence[Running],
+    topic: str,
+    first_count: int,
+    count: int,
+) -> Changes:
+    """Expand ``topic`` ``count`` times by one partition through sidecar 0's admin API."""
+    before = await zookeeper_counters(hosts)
+    began = time.monotonic()
+    seconds = []
+    for target in range(first_count + 1, first_count + count + 1):
+        started = time.monotonic()
+        async with http.post(
+            f"{fleet[0].url}/admin/topics/{topic}/partition-count",
+            json={"count": target},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as response:
+            body = await response.json()
+        if response.status != 200 or body.get("phase") != "done":
+            raise RuntimeError(f"change of {topic} to {target}: {response.status} {body}")
+        seconds.append(time.monotonic() - started)
+    after = await zookeeper_counters(hosts)
+    return Changes(
+        len(fleet), seconds, after["Received"] - before["Received"], time.monotonic() - began
+    )
+
+
 # Start times -----------------------------------------------------------------------------
 
 
@@ -416,6 +466,7 @@ class Results:
     baseline: Window | None = None
     windows: list[Window] = field(default_factory=list)
     starts: list[Start] = field(default_factory=list)
+    changes: list[Changes] = field(default_factory=list)
     skipped_starts: list[int] = field(default_factory=list)
     idle_starts_s: list[float] = field(default_factory=list)
     """Ready times of the idle fleet's sidecars (started several at once)."""
@@ -425,6 +476,9 @@ async def run(plan: Plan, log: IO[bytes]) -> tuple[Results, str]:
     suffix = uuid.uuid4().hex[:8]
     root = f"/bench-scale-{suffix}"
     idle_topics = [f"bench-scale-{suffix}-{i}" for i in range(plan.topics)]
+    change_topic = f"bench-scale-{suffix}-change"
+    change_topic_made = False
+    change_count = 1
     filler_topics: list[str] = []
     results = Results(plan)
     counts = Path(tempfile.gettempdir()) / f"bench-scale-{suffix}-zk-calls.json"
@@ -484,6 +538,23 @@ async def run(plan: Plan, log: IO[bytes]) -> tuple[Results, str]:
                     )
                     results.windows.append(window)
                     print(f"  {summary_line(window, results.baseline)}", flush=True)
+                    if plan.changes:
+                        if not change_topic_made:
+                            await create_topics(
+                                http, fleet[0], [change_topic], 1, cluster.replication_factor
+                            )
+                            change_topic_made = True
+                        changes = await measure_changes(
+                            http, hosts, fleet, change_topic, change_count, plan.changes
+                        )
+                        change_count += plan.changes
+                        results.changes.append(changes)
+                        print(
+                            f"  {plan.changes} changes: median "
+                            f"{statistics.median(changes.seconds):.2f} s, "
+                            f"max {max(changes.seconds):.2f} s",
+                            flush=True,
+                        )
                 if plan.topics_start:
                     await asyncio.gather(*(stop_sidecar(s) for s in fleet[1:]))
                     del fleet[1:]
@@ -523,7 +594,8 @@ async def run(plan: Plan, log: IO[bytes]) -> tuple[Results, str]:
                             )
             finally:
                 await asyncio.gather(*(stop_sidecar(s) for s in fleet), return_exceptions=True)
-                await remove_data(cluster, idle_topics + filler_topics, root)
+                changed = [change_topic] if change_topic_made else []
+                await remove_data(cluster, idle_topics + filler_topics + changed, root)
                 counts.unlink(missing_ok=True)
     return results, kafka
 
@@ -673,6 +745,38 @@ def start_table(starts: Sequence[Start]) -> list[str]:
     )
 
 
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def changes_table(changes: Sequence[Changes]) -> list[str]:
+    rows = [
+        [
+            str(c.sidecars),
+            str(len(c.seconds)),
+            f"**{statistics.median(c.seconds):.2f}**",
+            f"{_percentile(c.seconds, 0.99):.2f}",
+            ", ".join(f"{x:.2f}" for x in c.seconds),
+            f"{c.received / len(c.seconds):.0f}",
+            f"{c.received / len(c.seconds) / c.sidecars:.1f}",
+        ]
+        for c in changes
+    ]
+    return markdown_table(
+        [
+            "sidecars",
+            "changes",
+            "request to done, median s",
+            "p99 s",
+            "each, s",
+            "ZooKeeper packets per change",
+            "per change and sidecar",
+        ],
+        rows,
+    )
+
+
 def render(results: Results) -> list[str]:
     plan = results.plan
     baseline = results.baseline
@@ -726,6 +830,19 @@ def render(results: Results) -> list[str]:
             *calls_table(results.windows),
             "",
         ]
+    if results.changes:
+        lines += [
+            "## A change's time against sidecars",
+            "",
+            f"After each idle window, {plan.changes} expansions of one topic (by one "
+            "partition each, RF 3), one after the other, through sidecar 0's admin API: "
+            "from the request to its answer (the change done: partitions created, barrier "
+            "published, every live sidecar's ack, commit). ZooKeeper packets are every "
+            "client's during the changes, pings included.",
+            "",
+            *changes_table(results.changes),
+            "",
+        ]
     if results.starts:
         lines += [
             "## Start time against managed topics",
@@ -773,6 +890,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--lanes", type=int, default=1, help="kafka.transaction_lanes (1)")
     parser.add_argument(
+        "--changes",
+        type=int,
+        default=5,
+        help="partition-count changes timed after each idle window (5; 0: none)",
+    )
+    parser.add_argument(
         "--report", type=Path, default=RESULTS_DIR / "scale.md", help="where the report goes"
     )
     args = parser.parse_args(argv)
@@ -787,6 +910,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         start_repeats=args.start_repeats,
         settle_s=args.settle,
         lanes=args.lanes,
+        changes=args.changes,
     )
     measure_and_write(
         "scale",
