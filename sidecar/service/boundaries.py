@@ -17,8 +17,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from sidecar.adapters.kafka import KafkaGateway
-from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.core.errors import BoundaryTruncated, NoTruncationToConfirm, SidecarError
@@ -31,6 +29,7 @@ from sidecar.core.truncation import (
     unconfirmed,
 )
 from sidecar.metrics import SidecarMetrics
+from sidecar.service.change_ports import EpochEnds, TruncationStore
 
 _log = logging.getLogger(__name__)
 
@@ -38,8 +37,8 @@ _log = logging.getLogger(__name__)
 class BoundaryCheck:
     def __init__(
         self,
-        kafka: KafkaGateway,
-        store: MetadataStore,
+        kafka: EpochEnds,
+        store: TruncationStore,
         metrics: SidecarMetrics,
         audit: AuditEmitter | None = None,
     ) -> None:

@@ -27,9 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.partition_warmer import PartitionWarmer
-from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.config import ChangeSettings
@@ -67,6 +65,7 @@ from sidecar.core.truncation import TruncatedBoundary
 from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.boundaries import BoundaryCheck
+from sidecar.service.change_ports import ChangeKafka, ChangeStore
 
 _log = logging.getLogger(__name__)
 
@@ -89,8 +88,8 @@ class ChangeRunner:
     def __init__(
         self,
         sidecar_id: str,
-        store: MetadataStore,
-        kafka: KafkaGateway,
+        store: ChangeStore,
+        kafka: ChangeKafka,
         metrics: SidecarMetrics,
         *,
         barrier_timeout_s: float,
