@@ -195,6 +195,11 @@ def sidecar_settings(cluster: ClusterEndpoints, root: str, name: str, lanes: int
     return dataclasses.replace(settings, http=http)
 
 
+PORT_TAKEN_EXIT = 2
+"""``sidecar serve``'s exit status for a configuration error, a port taken among them."""
+START_ATTEMPTS = 3
+
+
 async def start_sidecar(
     cluster: ClusterEndpoints,
     root: str,
@@ -205,7 +210,34 @@ async def start_sidecar(
     counts: Path | None = None,
 ) -> Running:
     """``sidecar serve`` (under ``bench.zk_calls`` counting into ``counts`` if given);
-    returns once its ``/readyz`` answers 200, with the time that took."""
+    returns once its ``/readyz`` answers 200, with the time that took (of the last
+    attempt). Started again on other ports if it exits at once with a configuration
+    error: with dozens starting together, a port ``free_port`` found free can be taken
+    by another before the sidecar binds it."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            return await _start_sidecar_once(cluster, root, name, lanes, log, http, counts)
+        except SidecarExited as exc:
+            if exc.returncode != PORT_TAKEN_EXIT or attempt == START_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+class SidecarExited(RuntimeError):
+    def __init__(self, name: str, returncode: int) -> None:
+        super().__init__(f"sidecar {name} exited with {returncode}")
+        self.returncode = returncode
+
+
+async def _start_sidecar_once(
+    cluster: ClusterEndpoints,
+    root: str,
+    name: str,
+    lanes: int,
+    log: IO[bytes],
+    http: aiohttp.ClientSession,
+    counts: Path | None,
+) -> Running:
     settings = sidecar_settings(cluster, root, name, lanes)
     env = dict(os.environ) | settings_environment(settings)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -232,7 +264,7 @@ async def start_sidecar(
     try:
         while True:
             if process.returncode is not None:
-                raise RuntimeError(f"sidecar {name} exited with {process.returncode}")
+                raise SidecarExited(name, process.returncode)
             if time.monotonic() - began > READY_WITHIN_S:
                 raise RuntimeError(f"sidecar {name} not ready within {READY_WITHIN_S:.0f} s")
             with contextlib.suppress(aiohttp.ClientError):
