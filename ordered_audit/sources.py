@@ -168,6 +168,24 @@ def read_kafka(
     return window.apply(parse_events(reader.load()))
 
 
+def read_kafka_stream(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    settings: dict[str, str],
+    options: dict[str, str] | None = None,
+) -> DataFrame:
+    """The events of the audit topic as a stream (``spark.readStream``), schema 1 only.
+
+    ``settings`` are the stream's own source settings (``startingOffsets``,
+    ``maxOffsetsPerTrigger``); ``options`` as for ``read_kafka``."""
+    reader = spark.readStream.format("kafka").options(
+        **kafka_source_options(bootstrap, topic, settings, options)
+    )
+    known, _ = split_schema_versions(parse_events(reader.load()))
+    return known
+
+
 def read_files(
     spark: SparkSession, paths: Sequence[str], window: TimeWindow, file_format: str = "auto"
 ) -> DataFrame:
