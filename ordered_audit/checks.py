@@ -127,7 +127,8 @@ def with_incarnation(events: DataFrame) -> DataFrame:
 # lost -------------------------------------------------------------------------------
 
 
-def _acked(events: DataFrame) -> DataFrame:
+def acked(events: DataFrame) -> DataFrame:
+    """The produce_acked records, ``acked_at`` their event's time."""
     return _of_type(events, "produce_acked").select(
         "topic",
         "partition",
@@ -141,15 +142,22 @@ def _acked(events: DataFrame) -> DataFrame:
     )
 
 
-def _group_progress(events: DataFrame) -> DataFrame:
-    """Per (group, topic, partition): first delivered offset, and the offset the group
-    provably read up to (past its last delivery, or its highest commit)."""
+def delivered_offsets(events: DataFrame) -> DataFrame:
+    """(group, topic, partition, offset, time) of every delivery."""
+    return _of_type(events, "delivered").select("group", "topic", "partition", "offset", "time")
+
+
+def partition_progress(events: DataFrame) -> DataFrame:
+    """Per (group, topic, partition): first delivered offset, the end of the delivered
+    (last + 1) and committed offsets, and the first delivery's time. Each is a min or a
+    max, so the progress of two sets of events merges by taking them again."""
     delivered = (
         _of_type(events, "delivered")
         .groupBy("group", "topic", "partition")
         .agg(
             F.min("offset").alias("first_delivered"),
             (F.max("offset") + 1).alias("delivered_end"),
+            F.min("time").alias("first_time"),
         )
     )
     committed = (
@@ -157,16 +165,49 @@ def _group_progress(events: DataFrame) -> DataFrame:
         .groupBy("group", "topic", "partition")
         .agg(F.max("offset").alias("committed_end"))
     )
-    started = (
-        _of_type(events, "delivered")
-        .groupBy("group", "topic")
-        .agg(F.min("time").alias("group_started"))
-    )
-    progress = delivered.join(committed, ["group", "topic", "partition"], "full")
-    return progress.join(started, ["group", "topic"], "left").withColumn(
+    return delivered.join(committed, ["group", "topic", "partition"], "full")
+
+
+def with_read_to(progress: DataFrame) -> DataFrame:
+    """``partition_progress`` plus ``group_started`` (the group's first delivery of the
+    topic) and ``read_to``: the offset the group provably read up to (past its last
+    delivery, or its highest commit)."""
+    return progress.withColumn(
+        "group_started", F.min("first_time").over(Window.partitionBy("group", "topic"))
+    ).withColumn(
         "read_to",
         F.greatest(F.coalesce("delivered_end", F.lit(0)), F.coalesce("committed_end", F.lit(0))),
     )
+
+
+def _group_progress(events: DataFrame) -> DataFrame:
+    return with_read_to(partition_progress(events))
+
+
+def skipped(acked_frame: DataFrame, progress: DataFrame, delivered: DataFrame) -> DataFrame:
+    """The ``acked`` records a group read past without a delivery in ``delivered``, one
+    row per (record, group); ``progress`` is ``with_read_to``'s."""
+    reached = (
+        acked_frame.join(F.broadcast(progress), ["topic", "partition"])
+        .where(F.col("offset") < F.col("read_to"))
+        .where(
+            (F.col("first_delivered").isNotNull() & (F.col("offset") >= F.col("first_delivered")))
+            | (F.col("group_started").isNotNull() & (F.col("acked_at") >= F.col("group_started")))
+        )
+    )
+    offsets = delivered.select("group", "topic", "partition", "offset")
+    return reached.join(offsets, ["group", "topic", "partition", "offset"], "left_anti")
+
+
+def lost_anomalies(missing: DataFrame) -> DataFrame:
+    """``skipped`` rows as anomaly rows, at the time of their acknowledgement."""
+    detail = F.format_string(
+        "acknowledged at offset %d; the group read partition %d up to offset %d",
+        F.col("offset"),
+        F.col("partition"),
+        F.col("read_to"),
+    )
+    return _anomalies(missing.withColumn("time", F.col("acked_at")), LOST, detail)
 
 
 def lost(events: DataFrame) -> DataFrame:
@@ -178,25 +219,9 @@ def lost(events: DataFrame) -> DataFrame:
     the group began consuming the topic. Records the group has not reached yet are
     ``unseen`` (see ``unseen``), not lost.
     """
-    progress = _group_progress(events)
-    reached = (
-        _acked(events)
-        .join(F.broadcast(progress), ["topic", "partition"])
-        .where(F.col("offset") < F.col("read_to"))
-        .where(
-            (F.col("first_delivered").isNotNull() & (F.col("offset") >= F.col("first_delivered")))
-            | (F.col("group_started").isNotNull() & (F.col("acked_at") >= F.col("group_started")))
-        )
+    return lost_anomalies(
+        skipped(acked(events), _group_progress(events), delivered_offsets(events))
     )
-    delivered = _of_type(events, "delivered").select("group", "topic", "partition", "offset")
-    missing = reached.join(delivered, ["group", "topic", "partition", "offset"], "left_anti")
-    detail = F.format_string(
-        "acknowledged at offset %d; the group read partition %d up to offset %d",
-        F.col("offset"),
-        F.col("partition"),
-        F.col("read_to"),
-    )
-    return _anomalies(missing.withColumn("time", F.col("acked_at")), LOST, detail)
 
 
 def unseen(events: DataFrame) -> DataFrame:
@@ -209,7 +234,7 @@ def unseen(events: DataFrame) -> DataFrame:
     )
     progress = _group_progress(events).select("group", "topic", "partition", "read_to")
     delivered = _of_type(events, "delivered").select("group", "topic", "partition", "offset")
-    candidates = _acked(events).join(F.broadcast(groups), ["topic"])
+    candidates = acked(events).join(F.broadcast(groups), ["topic"])
     not_delivered = candidates.join(
         delivered, ["group", "topic", "partition", "offset"], "left_anti"
     )
