@@ -26,23 +26,40 @@ with, which are kept for good:
   below it, so that stays exact; what the horizon bounds is an older record the batch
   shows to be above a newer generation: beyond the horizon only the highest of its
   generation is reported, not every one.
-- ``gate_evidence`` needs no state: each gate_opened event carries its evidence.
+- ``gate_evidence``, ``unaudited_delivery`` and ``consumer_truncated`` need no state:
+  each is about one event.
+- ``lost`` judges an acknowledged record once the cutoff has passed its acknowledgement
+  (see ``lost_step``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from ordered_audit import checks
 from ordered_audit.sources import EVENT_SCHEMA
 
 # Every kind the live audit reports (a fixed set: the metric's ``kind`` label).
-STREAM_KINDS = (checks.NONMONOTONIC, checks.WRITTEN_ACROSS_BARRIER, checks.GATE_EVIDENCE)
+STREAM_KINDS = (
+    checks.LOST,
+    checks.NONMONOTONIC,
+    checks.WRITTEN_ACROSS_BARRIER,
+    checks.GATE_EVIDENCE,
+    checks.UNAUDITED_DELIVERY,
+    checks.CONSUMER_TRUNCATED,
+)
 
 _NEW = "_new"
 _FLAGGED = "_flagged"
@@ -71,6 +88,51 @@ RECORD_STATE_SCHEMA = _state_schema(
     (*checks.RECORD_IDENTITY, "key", "producer", "producer_seq", "time")
 )
 """Records, as ``checks.records`` has them."""
+ACK_STATE_SCHEMA = StructType(
+    [
+        *(
+            field
+            for field in EVENT_SCHEMA.fields
+            if field.name
+            in ("topic", "partition", "offset", "key", "generation", "producer", "producer_seq")
+        ),
+        StructField("sidecar", StringType()),
+        StructField("acked_at", DoubleType()),
+    ]
+)
+"""Acknowledged records not judged yet, as ``checks.acked`` has them."""
+PROGRESS_STATE_SCHEMA = StructType(
+    [
+        StructField("group", StringType()),
+        StructField("topic", StringType()),
+        StructField("partition", LongType()),
+        StructField("first_delivered", LongType()),
+        StructField("delivered_end", LongType()),
+        StructField("first_time", DoubleType()),
+        StructField("committed_end", LongType()),
+    ]
+)
+"""Each group's progress per partition, as ``checks.partition_progress`` has it."""
+SEEN_STATE_SCHEMA = StructType(
+    [
+        StructField("group", StringType()),
+        StructField("topic", StringType()),
+        StructField("partition", LongType()),
+        StructField("offset", LongType()),
+        StructField("time", DoubleType()),
+    ]
+)
+"""Deliveries an acknowledged record not judged yet may need, as
+``checks.delivered_offsets`` has them."""
+
+STATE_SCHEMAS = {
+    "deliveries": DELIVERY_STATE_SCHEMA,
+    "records": RECORD_STATE_SCHEMA,
+    "acks": ACK_STATE_SCHEMA,
+    "progress": PROGRESS_STATE_SCHEMA,
+    "seen": SEEN_STATE_SCHEMA,
+}
+"""Every table of the live audit's state, by name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +150,8 @@ class Checked:
     """Every stream check of one batch."""
 
     anomalies: DataFrame
-    deliveries: DataFrame
-    """The next ``DELIVERY_STATE_SCHEMA`` state."""
-    records: DataFrame
-    """The next ``RECORD_STATE_SCHEMA`` state."""
+    states: dict[str, DataFrame]
+    """The next state, by the names of ``STATE_SCHEMAS``."""
     shared: tuple[DataFrame, ...]
     """Frames the others are derived from: persist them for one pass."""
 
@@ -188,16 +248,79 @@ def written_across_barrier_step(state: DataFrame, batch: DataFrame, cutoff: floa
     )
 
 
-def gate_evidence_step(batch: DataFrame) -> DataFrame:
-    """``checks.gate_evidence`` of the batch: each gate_opened carries its evidence."""
-    return checks.gate_evidence(batch)
+def stateless_step(batch: DataFrame) -> DataFrame:
+    """The checks that look at one event at a time, on the batch: ``gate_evidence``
+    (each gate_opened carries its evidence), ``unaudited_delivery`` and
+    ``consumer_truncated``."""
+    return (
+        checks.gate_evidence(batch)
+        .unionByName(checks.unaudited_deliveries(batch))
+        .unionByName(checks.consumer_truncations(batch))
+    )
 
 
-def check_batch(
-    deliveries: DataFrame, records: DataFrame, batch: DataFrame, cutoff: float | None
-) -> Checked:
+def lost_step(
+    states: Mapping[str, DataFrame], batch: DataFrame, cutoff: float | None
+) -> tuple[DataFrame, dict[str, DataFrame]]:
+    """``checks.lost`` for the acknowledged records older than ``cutoff``.
+
+    Whether a group skipped a record can be told only once no delivery of it can still
+    come: records are judged once the cutoff (the watermark less the horizon) passes
+    their acknowledgement, against the groups' progress then; a group that had not read
+    past a record by then never judges it (the batch job counts it as unseen, or lost
+    later). Returns (the anomalies, the states ``acks``, ``progress`` and ``seen``).
+    """
+    position = ["topic", "partition", "offset"]
+    fresh = (
+        checks.acked(batch)
+        .dropDuplicates(position)
+        .join(states["acks"].select(*position), position, "left_anti")
+    )
+    acks = states["acks"].unionByName(fresh)
+    progress = (
+        states["progress"]
+        .unionByName(checks.partition_progress(batch))
+        .groupBy("group", "topic", "partition")
+        .agg(
+            F.min("first_delivered").alias("first_delivered"),
+            F.max("delivered_end").alias("delivered_end"),
+            F.min("first_time").alias("first_time"),
+            F.max("committed_end").alias("committed_end"),
+        )
+    )
+    seen = (
+        states["seen"]
+        .unionByName(checks.delivered_offsets(batch))
+        .dropDuplicates(["group", *position])
+    )
+    due = F.lit(False) if cutoff is None else F.col("acked_at") < F.lit(cutoff)
+    recent = F.lit(True) if cutoff is None else F.col("time") >= F.lit(cutoff)
+    missing = checks.skipped(acks.where(due), checks.with_read_to(progress), seen)
+    pending = acks.where(~due)
+    # A delivery matters while its record waits to be judged, or while its record's
+    # acknowledgement may still come.
+    kept = seen.join(pending.select(*position), position, "left_semi").unionByName(
+        seen.where(recent)
+    )
+    return checks.lost_anomalies(missing), {
+        "acks": pending,
+        "progress": progress,
+        "seen": kept.dropDuplicates(["group", *position]),
+    }
+
+
+def check_batch(states: Mapping[str, DataFrame], batch: DataFrame, cutoff: float | None) -> Checked:
     """Every stream check of ``batch`` against the states the batches before it left."""
-    order = nonmonotonic_step(deliveries, batch, cutoff)
-    barrier = written_across_barrier_step(records, batch, cutoff)
-    found = order.anomalies.unionByName(barrier.anomalies).unionByName(gate_evidence_step(batch))
-    return Checked(found, order.state, barrier.state, (order.checked, barrier.checked))
+    order = nonmonotonic_step(states["deliveries"], batch, cutoff)
+    barrier = written_across_barrier_step(states["records"], batch, cutoff)
+    lost, lost_states = lost_step(states, batch, cutoff)
+    found = (
+        order.anomalies.unionByName(barrier.anomalies)
+        .unionByName(stateless_step(batch))
+        .unionByName(lost)
+    )
+    return Checked(
+        found,
+        {"deliveries": order.state, "records": barrier.state, **lost_states},
+        (order.checked, barrier.checked),
+    )

@@ -89,8 +89,8 @@ class StreamConfig:
 
 @dataclass(frozen=True, slots=True)
 class BatchState:
-    deliveries: DataFrame
-    records: DataFrame
+    tables: dict[str, DataFrame]
+    """The checks' state, by the names of ``incremental.STATE_SCHEMAS``."""
     newest: float | None
     """The newest event time of every batch so far."""
 
@@ -113,30 +113,26 @@ class StateStore:
         """The state after the highest complete batch below ``batch_id`` (empty: none)."""
         from ordered_audit import incremental
 
+        schemas = incremental.STATE_SCHEMAS
         earlier = [i for i in self._complete() if i < batch_id]
         if not earlier:
-            return BatchState(
-                incremental.empty_state(spark, incremental.DELIVERY_STATE_SCHEMA),
-                incremental.empty_state(spark, incremental.RECORD_STATE_SCHEMA),
-                None,
-            )
+            empty = {name: incremental.empty_state(spark, s) for name, s in schemas.items()}
+            return BatchState(empty, None)
         directory = self.root / str(earlier[-1])
         meta = json.loads((directory / self._META).read_text())
-        return BatchState(
-            spark.read.schema(incremental.DELIVERY_STATE_SCHEMA).parquet(
-                str(directory / "deliveries")
-            ),
-            spark.read.schema(incremental.RECORD_STATE_SCHEMA).parquet(str(directory / "records")),
-            meta["newest"],
-        )
+        tables = {
+            name: spark.read.schema(schema).parquet(str(directory / name))
+            for name, schema in schemas.items()
+        }
+        return BatchState(tables, meta["newest"])
 
     def save(self, batch_id: int, state: BatchState) -> None:
         directory = self.root / str(batch_id)
         # A batch run again overwrites what its first run left.
         shutil.rmtree(directory, ignore_errors=True)
-        # Small tables: one file each rather than one per shuffle partition.
-        state.deliveries.coalesce(1).write.parquet(str(directory / "deliveries"))
-        state.records.coalesce(1).write.parquet(str(directory / "records"))
+        for name, table in state.tables.items():
+            # Small tables: one file each rather than one per shuffle partition.
+            table.coalesce(1).write.parquet(str(directory / name))
         (directory / self._META).write_text(json.dumps({"newest": state.newest}) + "\n")
 
     def prune(self) -> None:
@@ -177,7 +173,7 @@ class LiveAudit:
                 return
             count, late_count = int(stats["events"]), int(stats["late"])
             newest_here: float = stats["newest"]
-            checked = incremental.check_batch(previous.deliveries, previous.records, events, cutoff)
+            checked = incremental.check_batch(previous.tables, events, cutoff)
             for frame in checked.shared:
                 frame.persist(StorageLevel.MEMORY_AND_DISK)
             found = checked.anomalies.persist(StorageLevel.MEMORY_AND_DISK)
@@ -200,7 +196,7 @@ class LiveAudit:
                 newest = (
                     newest_here if previous.newest is None else max(previous.newest, newest_here)
                 )
-                self.store.save(batch_id, BatchState(checked.deliveries, checked.records, newest))
+                self.store.save(batch_id, BatchState(checked.states, newest))
             finally:
                 found.unpersist()
                 for frame in checked.shared:

@@ -17,8 +17,9 @@ from ordered_audit import checks, incremental
 from ordered_audit.sources import events_from_dicts
 from ordered_audit.stream import LiveAudit, StreamConfig
 from ordered_audit.stream_metrics import OTHER_TOPIC, StreamMetrics
+from sidecar.audit import events as audit_events
 from sidecar.audit.events import Event
-from tests.audit.history import TOPIC, Scenario, clean, written
+from tests.audit.history import CONSUMER, GROUP, TOPIC, Scenario, clean, written
 
 # The identity of one anomaly, as both jobs report it.
 Found = tuple[str, str | None, str | None, int | None, int | None, int | None]
@@ -38,30 +39,40 @@ def identity(row: dict[str, Any]) -> Found:
 def batch_check(spark: SparkSession, events: Sequence[Event]) -> list[Found]:
     frame = events_from_dicts(spark, events)
     found = (
-        checks.nonmonotonic(frame)
+        checks.lost(frame)
+        .unionByName(checks.nonmonotonic(frame))
         .unionByName(checks.written_across_barrier(frame))
         .unionByName(checks.gate_evidence(frame))
+        .unionByName(checks.unaudited_deliveries(frame))
+        .unionByName(checks.consumer_truncations(frame))
     )
     return sorted(identity(row.asDict()) for row in found.collect())
 
 
 def incremental_check(
-    spark: SparkSession, batches: Sequence[Sequence[Event]], cutoff: float | None = None
+    spark: SparkSession,
+    batches: Sequence[Sequence[Event]],
+    cutoff: float | None = None,
+    cutoffs: Sequence[float | None] = (),
 ) -> list[list[Found]]:
-    """Each batch's anomalies, the state carried from one batch to the next."""
-    deliveries = incremental.empty_state(spark, incremental.DELIVERY_STATE_SCHEMA)
-    records = incremental.empty_state(spark, incremental.RECORD_STATE_SCHEMA)
+    """Each batch's anomalies, the state carried from one batch to the next; ``cutoff``
+    for every batch, or ``cutoffs`` one per batch."""
+    states = {
+        name: incremental.empty_state(spark, schema)
+        for name, schema in incremental.STATE_SCHEMAS.items()
+    }
     per_batch = []
-    for events in batches:
-        checked = incremental.check_batch(
-            deliveries, records, events_from_dicts(spark, events), cutoff
-        )
+    for index, events in enumerate(batches):
+        at = cutoffs[index] if cutoffs else cutoff
+        checked = incremental.check_batch(states, events_from_dicts(spark, events), at)
         for frame in checked.shared:
             frame.cache()
         per_batch.append(sorted(identity(row.asDict()) for row in checked.anomalies.collect()))
         # Materialised, as the driver's Parquet round trip does: no lineage growth.
-        deliveries = spark.createDataFrame(checked.deliveries.collect(), checked.deliveries.schema)
-        records = spark.createDataFrame(checked.records.collect(), checked.records.schema)
+        states = {
+            name: spark.createDataFrame(table.collect(), table.schema)
+            for name, table in checked.states.items()
+        }
         for frame in checked.shared:
             frame.unpersist()
     return per_batch
@@ -151,14 +162,59 @@ def test_a_record_shown_across_a_barrier_by_a_later_batch_is_reported_once(
     assert everything(per_batch) == batch_check(spark, events)
 
 
-def test_gate_openings_without_evidence_are_found_in_their_batch(spark: SparkSession) -> None:
+def test_a_skipped_record_is_lost_once_the_horizon_passed_its_acknowledgement(
+    spark: SparkSession,
+) -> None:
+    scenario = written()
+    history = scenario.history
+    records = sorted(scenario.before + scenario.after, key=lambda r: r.producer_seq)
+    in_1 = [r for r in records if r.partition == 1]
+    gone, late = in_1[2], in_1[4]
+    unreached = max((r for r in records if r.partition == 2), key=lambda r: r.offset)
+    for record in records:
+        if record not in (gone, late, unreached):
+            history.deliver(record)
+    first = list(history.events)
+    history.deliver(late)
+    # The first batch has no watermark yet; by the second, the horizon has passed every
+    # acknowledgement.
+    per_batch = incremental_check(
+        spark, [first, history.events[len(first) :]], cutoffs=[None, history.now + 1]
+    )
+    lost = (checks.LOST, GROUP, gone.key_b64, 1, gone.offset, gone.producer_seq)
+    assert per_batch[0] == []
+    assert [found for found in per_batch[1] if found[0] == checks.LOST] == [lost]
+    assert per_batch[1] == batch_check(spark, history.events)
+
+
+def test_single_event_anomalies_are_found_in_their_batch(spark: SparkSession) -> None:
     scenario = clean()
     history = scenario.history
     history.gate(2, 52, 1, 0, scenario.boundary, scenario.boundary - 1)
     history.gate(2, 53, 1, 0, scenario.boundary, scenario.boundary)
+    offset = history.bypass(1, b"rogue")
+    history.deliver_bare(1, offset, b"rogue")
+    history.emit(
+        CONSUMER,
+        audit_events.consumer_truncated(
+            group=GROUP,
+            instance="c1",
+            topic=TOPIC,
+            partition=0,
+            position=5,
+            leader_epoch=3,
+            resume_at=4,
+            lost=1,
+        ),
+    )
     per_batch = incremental_check(spark, cut(history.events, 2))
     assert per_batch[0] == []
-    assert [(f[0], f[4]) for f in per_batch[1]] == [(checks.GATE_EVIDENCE, 52)]
+    assert sorted((f[0], f[3], f[4]) for f in per_batch[1]) == [
+        (checks.CONSUMER_TRUNCATED, 0, 4),
+        (checks.GATE_EVIDENCE, 2, 52),
+        (checks.UNAUDITED_DELIVERY, 1, offset),
+    ]
+    assert everything(per_batch) == batch_check(spark, history.events)
 
 
 def test_past_the_horizon_the_state_keeps_only_what_every_later_event_needs(
@@ -181,12 +237,22 @@ def test_past_the_horizon_the_state_keeps_only_what_every_later_event_needs(
     history.deliver(skipped)
     cutoff = history.now - 60
     per_batch = incremental_check(spark, [first, history.events[len(first) :]], cutoff)
-    assert per_batch[0] == []
+    # Its delivery came after the horizon: by then the record was judged lost (the
+    # horizon's false positive), and its delivery is late for its key.
+    lost = (
+        checks.LOST,
+        GROUP,
+        skipped.key_b64,
+        skipped.partition,
+        skipped.offset,
+        skipped.producer_seq,
+    )
+    assert per_batch[0] == [lost]
     assert Counter(found[0] for found in per_batch[1]) == {
         checks.WRITTEN_ACROSS_BARRIER: 1,
         checks.NONMONOTONIC: 1,
     }
-    assert everything(per_batch) == batch_check(spark, history.events)
+    assert everything(per_batch) == sorted([*batch_check(spark, history.events), lost])
     # What is left of the first batch: the highest seq per (group, producer, key), and
     # the lowest and highest offset per (partition, generation).
     frame = events_from_dicts(spark, first)
@@ -275,4 +341,4 @@ def test_topic_labels_are_capped() -> None:
     }
     assert counted == {"a": 1, "b": 1, "c": 0, OTHER_TOPIC: 2}
     with pytest.raises(ValueError, match="unknown anomaly kind"):
-        metrics.record_batch(events=0, late=0, newest=None, anomalies={("lost", "a"): 1})
+        metrics.record_batch(events=0, late=0, newest=None, anomalies={(checks.DUPLICATE, "a"): 1})
