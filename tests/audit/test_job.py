@@ -22,7 +22,7 @@ from ordered_audit.job import (
     stream_config_from_args,
 )
 from ordered_audit.stream import run_stream_command
-from sidecar.cli import build_parser
+from sidecar.cli import build_parser, main
 from tests.audit.history import History, injected, write_json_lines
 
 # The job on files -------------------------------------------------------------------
@@ -143,7 +143,9 @@ def test_the_audit_command_is_registered_and_checks_its_arguments(tmp_path: Path
         config_from_args(backwards)
 
 
-def test_the_stream_command_is_registered_and_checks_its_arguments(tmp_path: Path) -> None:
+def test_the_stream_command_is_registered_and_checks_its_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     parser = build_parser()
     base = ["audit", "stream", "--bootstrap", "127.0.0.1:9092", "--checkpoint", str(tmp_path)]
     args = parser.parse_args(
@@ -184,6 +186,9 @@ def test_the_stream_command_is_registered_and_checks_its_arguments(tmp_path: Pat
             stream_config_from_args(parser.parse_args([*base, *wrong]))
     with pytest.raises(SystemExit):
         parser.parse_args(["audit", "stream", "--bootstrap", "127.0.0.1:9092"])
+    # The command refuses them before it starts Spark.
+    assert main([*base, "--trigger", "-1"]) == 2
+    assert "--trigger must be positive" in capsys.readouterr().err
 
 
 def test_times_parse_in_every_accepted_form() -> None:
