@@ -32,6 +32,8 @@ The kinds (see docs/audit.md for the reasoning):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
@@ -75,6 +77,9 @@ ANOMALY_SCHEMA = StructType(
         StructField("instance", StringType()),
     ]
 )
+
+Check = Callable[[DataFrame], DataFrame]
+"""A transformation of events (or of rows derived from them) into other rows."""
 
 FINAL_PHASES = ("done", "rolled_back")
 COUNT_CHANGES = ("expand", "shrink")
@@ -122,7 +127,8 @@ def with_incarnation(events: DataFrame) -> DataFrame:
 # lost -------------------------------------------------------------------------------
 
 
-def _acked(events: DataFrame) -> DataFrame:
+def acked(events: DataFrame) -> DataFrame:
+    """The produce_acked records, ``acked_at`` their event's time."""
     return _of_type(events, "produce_acked").select(
         "topic",
         "partition",
@@ -136,15 +142,22 @@ def _acked(events: DataFrame) -> DataFrame:
     )
 
 
-def _group_progress(events: DataFrame) -> DataFrame:
-    """Per (group, topic, partition): first delivered offset, and the offset the group
-    provably read up to (past its last delivery, or its highest commit)."""
+def delivered_offsets(events: DataFrame) -> DataFrame:
+    """(group, topic, partition, offset, time) of every delivery."""
+    return _of_type(events, "delivered").select("group", "topic", "partition", "offset", "time")
+
+
+def partition_progress(events: DataFrame) -> DataFrame:
+    """Per (group, topic, partition): first delivered offset, the end of the delivered
+    (last + 1) and committed offsets, and the first delivery's time. Each is a min or a
+    max, so the progress of two sets of events merges by taking them again."""
     delivered = (
         _of_type(events, "delivered")
         .groupBy("group", "topic", "partition")
         .agg(
             F.min("offset").alias("first_delivered"),
             (F.max("offset") + 1).alias("delivered_end"),
+            F.min("time").alias("first_time"),
         )
     )
     committed = (
@@ -152,16 +165,49 @@ def _group_progress(events: DataFrame) -> DataFrame:
         .groupBy("group", "topic", "partition")
         .agg(F.max("offset").alias("committed_end"))
     )
-    started = (
-        _of_type(events, "delivered")
-        .groupBy("group", "topic")
-        .agg(F.min("time").alias("group_started"))
-    )
-    progress = delivered.join(committed, ["group", "topic", "partition"], "full")
-    return progress.join(started, ["group", "topic"], "left").withColumn(
+    return delivered.join(committed, ["group", "topic", "partition"], "full")
+
+
+def with_read_to(progress: DataFrame) -> DataFrame:
+    """``partition_progress`` plus ``group_started`` (the group's first delivery of the
+    topic) and ``read_to``: the offset the group provably read up to (past its last
+    delivery, or its highest commit)."""
+    return progress.withColumn(
+        "group_started", F.min("first_time").over(Window.partitionBy("group", "topic"))
+    ).withColumn(
         "read_to",
         F.greatest(F.coalesce("delivered_end", F.lit(0)), F.coalesce("committed_end", F.lit(0))),
     )
+
+
+def _group_progress(events: DataFrame) -> DataFrame:
+    return with_read_to(partition_progress(events))
+
+
+def skipped(acked_frame: DataFrame, progress: DataFrame, delivered: DataFrame) -> DataFrame:
+    """The ``acked`` records a group read past without a delivery in ``delivered``, one
+    row per (record, group); ``progress`` is ``with_read_to``'s."""
+    reached = (
+        acked_frame.join(F.broadcast(progress), ["topic", "partition"])
+        .where(F.col("offset") < F.col("read_to"))
+        .where(
+            (F.col("first_delivered").isNotNull() & (F.col("offset") >= F.col("first_delivered")))
+            | (F.col("group_started").isNotNull() & (F.col("acked_at") >= F.col("group_started")))
+        )
+    )
+    offsets = delivered.select("group", "topic", "partition", "offset")
+    return reached.join(offsets, ["group", "topic", "partition", "offset"], "left_anti")
+
+
+def lost_anomalies(missing: DataFrame) -> DataFrame:
+    """``skipped`` rows as anomaly rows, at the time of their acknowledgement."""
+    detail = F.format_string(
+        "acknowledged at offset %d; the group read partition %d up to offset %d",
+        F.col("offset"),
+        F.col("partition"),
+        F.col("read_to"),
+    )
+    return _anomalies(missing.withColumn("time", F.col("acked_at")), LOST, detail)
 
 
 def lost(events: DataFrame) -> DataFrame:
@@ -173,25 +219,9 @@ def lost(events: DataFrame) -> DataFrame:
     the group began consuming the topic. Records the group has not reached yet are
     ``unseen`` (see ``unseen``), not lost.
     """
-    progress = _group_progress(events)
-    reached = (
-        _acked(events)
-        .join(F.broadcast(progress), ["topic", "partition"])
-        .where(F.col("offset") < F.col("read_to"))
-        .where(
-            (F.col("first_delivered").isNotNull() & (F.col("offset") >= F.col("first_delivered")))
-            | (F.col("group_started").isNotNull() & (F.col("acked_at") >= F.col("group_started")))
-        )
+    return lost_anomalies(
+        skipped(acked(events), _group_progress(events), delivered_offsets(events))
     )
-    delivered = _of_type(events, "delivered").select("group", "topic", "partition", "offset")
-    missing = reached.join(delivered, ["group", "topic", "partition", "offset"], "left_anti")
-    detail = F.format_string(
-        "acknowledged at offset %d; the group read partition %d up to offset %d",
-        F.col("offset"),
-        F.col("partition"),
-        F.col("read_to"),
-    )
-    return _anomalies(missing.withColumn("time", F.col("acked_at")), LOST, detail)
 
 
 def unseen(events: DataFrame) -> DataFrame:
@@ -204,7 +234,7 @@ def unseen(events: DataFrame) -> DataFrame:
     )
     progress = _group_progress(events).select("group", "topic", "partition", "read_to")
     delivered = _of_type(events, "delivered").select("group", "topic", "partition", "offset")
-    candidates = _acked(events).join(F.broadcast(groups), ["topic"])
+    candidates = acked(events).join(F.broadcast(groups), ["topic"])
     not_delivered = candidates.join(
         delivered, ["group", "topic", "partition", "offset"], "left_anti"
     )
@@ -285,26 +315,47 @@ def duplicates(events: DataFrame) -> DataFrame:
 
 # nonmonotonic -----------------------------------------------------------------------
 
+# One (producer, key)'s records as one group received them, and one record of them.
+KEY_IDENTITY = ("group", "topic", "producer", "key")
+SEQ_IDENTITY = (*KEY_IDENTITY, "producer_seq")
 
-def nonmonotonic(events: DataFrame) -> DataFrame:
-    """Deliveries whose producer_seq is below one delivered earlier to the same group for
-    the same (topic, producer, key); the first delivery of each seq only."""
+
+def first_deliveries(events: DataFrame) -> DataFrame:
+    """The first delivery to each group of each (topic, producer, key, producer_seq), in
+    delivery order: re-deliveries are duplicates, not reorderings. Records without a key
+    or without the sidecar's headers have no order to keep."""
     keyed = _of_type(events, "delivered").where(
         F.col("key").isNotNull() & F.col("producer").isNotNull() & F.col("producer_seq").isNotNull()
     )
-    per_seq = Window.partitionBy("group", "topic", "producer", "key", "producer_seq").orderBy(
-        *_DELIVERY_ORDER
+    per_seq = Window.partitionBy(*SEQ_IDENTITY).orderBy(*_DELIVERY_ORDER)
+    return (
+        keyed.withColumn("_nth", F.row_number().over(per_seq))
+        .where(F.col("_nth") == 1)
+        .drop("_nth")
     )
-    firsts = keyed.withColumn("_nth", F.row_number().over(per_seq)).where(F.col("_nth") == 1)
+
+
+def with_newest_before(deliveries: DataFrame) -> DataFrame:
+    """``deliveries`` plus ``_before``: the (producer_seq, partition, offset) of the
+    highest seq delivered earlier to the same group for the same (topic, producer, key),
+    null for the first."""
     earlier = (
-        Window.partitionBy("group", "topic", "producer", "key")
+        Window.partitionBy(*KEY_IDENTITY)
         .orderBy(*_DELIVERY_ORDER)
         .rowsBetween(Window.unboundedPreceding, -1)
     )
-    newest_before = F.max(F.struct("producer_seq", "partition", "offset")).over(earlier)
-    flagged = firsts.withColumn("_before", newest_before).where(
-        F.col("producer_seq") < F.col("_before.producer_seq")
+    return deliveries.withColumn(
+        "_before", F.max(F.struct("producer_seq", "partition", "offset")).over(earlier)
     )
+
+
+def delivered_late() -> Column:
+    """On ``with_newest_before``'s rows: the delivery came after a higher seq's."""
+    return F.coalesce(F.col("producer_seq") < F.col("_before.producer_seq"), F.lit(False))
+
+
+def nonmonotonic_anomalies(late: DataFrame) -> DataFrame:
+    """``with_newest_before`` rows that came late, as anomaly rows."""
     detail = F.format_string(
         "seq %d (partition %d offset %d) delivered after seq %d (partition %d offset %d)",
         F.col("producer_seq"),
@@ -314,38 +365,55 @@ def nonmonotonic(events: DataFrame) -> DataFrame:
         F.col("_before.partition"),
         F.col("_before.offset"),
     )
-    return _anomalies(flagged, NONMONOTONIC, detail)
+    return _anomalies(late, NONMONOTONIC, detail)
+
+
+def nonmonotonic(events: DataFrame) -> DataFrame:
+    """Deliveries whose producer_seq is below one delivered earlier to the same group for
+    the same (topic, producer, key); the first delivery of each seq only."""
+    ordered = with_newest_before(first_deliveries(events))
+    return nonmonotonic_anomalies(ordered.where(delivered_late()))
 
 
 # written_across_barrier -------------------------------------------------------------
 
+# One record of a partition, however many events name it.
+RECORD_IDENTITY = ("topic", "partition", "offset", "generation")
 
-def _records(events: DataFrame) -> DataFrame:
+
+def records(events: DataFrame) -> DataFrame:
     """(topic, partition, offset, generation, key, producer, producer_seq, time) of every
-    produce_acked and delivered event with a generation (a delivery carries the record's
-    generation header): a record can appear several times, once per event."""
-    return events.where(
-        F.col("type").isin("produce_acked", "delivered") & F.col("generation").isNotNull()
-    ).select(
-        "topic", "partition", "offset", "generation", "key", "producer", "producer_seq", "time"
+    record named by a produce_acked or delivered event with a generation (a delivery
+    carries the record's generation header), once per record."""
+    return (
+        events.where(
+            F.col("type").isin("produce_acked", "delivered") & F.col("generation").isNotNull()
+        )
+        .select(
+            "topic", "partition", "offset", "generation", "key", "producer", "producer_seq", "time"
+        )
+        .dropDuplicates(list(RECORD_IDENTITY))
     )
 
 
-def written_across_barrier(events: DataFrame) -> DataFrame:
-    """Records of a generation at an offset above a record of a newer generation in the
-    same partition: every record of g' > g must follow every record of g."""
+def with_newer_below(records_frame: DataFrame) -> DataFrame:
+    """``records_frame`` plus ``_newer``: the (generation, offset) of the newest
+    generation among the records below each one's offset in its partition."""
     lower = (
         Window.partitionBy("topic", "partition")
         .orderBy("offset")
         .rowsBetween(Window.unboundedPreceding, -1)
     )
-    records = _records(events).withColumn(
-        "_newer", F.max(F.struct("generation", "offset")).over(lower)
-    )
-    # One row per record (its produce_acked and its deliveries are all flagged).
-    flagged = records.where(F.col("generation") < F.col("_newer.generation")).dropDuplicates(
-        ["topic", "partition", "offset", "generation"]
-    )
+    return records_frame.withColumn("_newer", F.max(F.struct("generation", "offset")).over(lower))
+
+
+def above_newer_generation() -> Column:
+    """On ``with_newer_below``'s rows: a newer generation was written below this one."""
+    return F.coalesce(F.col("generation") < F.col("_newer.generation"), F.lit(False))
+
+
+def written_across_barrier_anomalies(flagged: DataFrame) -> DataFrame:
+    """``with_newer_below`` rows above a newer generation, as anomaly rows."""
     detail = F.format_string(
         "generation %d at offset %d, above generation %d at offset %d",
         F.col("generation"),
@@ -354,6 +422,14 @@ def written_across_barrier(events: DataFrame) -> DataFrame:
         F.col("_newer.offset"),
     )
     return _anomalies(flagged, WRITTEN_ACROSS_BARRIER, detail)
+
+
+def written_across_barrier(events: DataFrame) -> DataFrame:
+    """Records of a generation at an offset above a record of a newer generation in the
+    same partition: every record of g' > g must follow every record of g. One row per
+    record (its produce_acked and its deliveries are one record)."""
+    ordered = with_newer_below(records(events))
+    return written_across_barrier_anomalies(ordered.where(above_newer_generation()))
 
 
 # gate_evidence ----------------------------------------------------------------------
@@ -566,7 +642,7 @@ def keys_moved(events: DataFrame) -> DataFrame:
     from their partition in g, among the keys written in both (produce_acked and
     delivered records; a key written in only one of them cannot be judged)."""
     keyed = (
-        _records(events)
+        records(events)
         .where(F.col("key").isNotNull())
         .groupBy("topic", "generation", "key")
         .agg(F.min("partition").alias("partition"))

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from ordered_audit.sources import TimeWindow
+    from ordered_audit.stream import StreamConfig
 
 DEFAULT_MASTER = "local[*]"
 DEFAULT_BUCKET_S = 10.0
@@ -464,17 +465,12 @@ def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
     return pairs
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    audit = subparsers.add_parser("audit", help="the ordering audit (PySpark)")
-    actions = audit.add_subparsers(dest="action", required=True)
-    run = actions.add_parser(
-        "run",
-        help="check per-key order over audit events; write tables, summary and report",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def _add_kafka_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """The audit topic and how to reach it (both jobs)."""
+    source = parser.add_argument_group("the audit topic")
+    source.add_argument(
+        "--bootstrap", required=required, help="Kafka bootstrap servers of the audit topic"
     )
-    source = run.add_argument_group("events (the audit topic, or files)")
-    source.add_argument("--bootstrap", help="Kafka bootstrap servers of the audit topic")
     source.add_argument("--topic", default="ordered-sidecar-audit", help="the audit topic")
     source.add_argument(
         "--kafka-option",
@@ -489,10 +485,40 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the sidecars' TOML settings: their kafka.security (with the ORDERED_SIDECAR__ "
         "environment, as 'sidecar serve' reads it) becomes the Kafka source's options",
     )
-    source.add_argument(
+
+
+def _add_spark_arguments(parser: argparse.ArgumentParser) -> None:
+    spark = parser.add_argument_group("Spark")
+    spark.add_argument("--master", default=DEFAULT_MASTER, help="local[*] or spark://host:port")
+    spark.add_argument("--driver-host", default="127.0.0.1", help="address the driver binds")
+    spark.add_argument("--shuffle-partitions", type=int, default=4)
+    spark.add_argument(
+        "--kafka-package",
+        default=os.environ.get("ORDERED_SIDECAR_SPARK_KAFKA_PACKAGE"),
+        help="Maven coordinates of the Kafka connector (default: of the installed pyspark)",
+    )
+    spark.add_argument(
+        "--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting"
+    )
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ordered_audit import stream
+
+    audit = subparsers.add_parser("audit", help="the ordering audit (PySpark)")
+    actions = audit.add_subparsers(dest="action", required=True)
+    run = actions.add_parser(
+        "run",
+        help="check per-key order over audit events; write tables, summary and report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_kafka_arguments(run, required=False)
+    files = run.add_argument_group("or files")
+    files.add_argument(
         "--input", nargs="+", default=[], metavar="FILE", help="JSON-lines or Parquet files"
     )
-    source.add_argument("--input-format", choices=("auto", "json", "parquet"), default="auto")
+    files.add_argument("--input-format", choices=("auto", "json", "parquet"), default="auto")
     run.add_argument(
         "--from",
         dest="start",
@@ -506,19 +532,78 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument(
         "--fail-on-anomalies", action="store_true", help="exit 1 when an anomaly was found"
     )
-    spark = run.add_argument_group("Spark")
-    spark.add_argument("--master", default=DEFAULT_MASTER, help="local[*] or spark://host:port")
-    spark.add_argument("--driver-host", default="127.0.0.1", help="address the driver binds")
-    spark.add_argument("--shuffle-partitions", type=int, default=4)
-    spark.add_argument(
-        "--kafka-package",
-        default=os.environ.get("ORDERED_SIDECAR_SPARK_KAFKA_PACKAGE"),
-        help="Maven coordinates of the Kafka connector (default: of the installed pyspark)",
-    )
-    spark.add_argument(
-        "--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting"
-    )
+    _add_spark_arguments(run)
     run.set_defaults(handler=run_command)
+
+    live = actions.add_parser(
+        "stream",
+        help="check the audit topic as it is written; anomaly counts on /metrics",
+        description=stream.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_kafka_arguments(live, required=True)
+    live.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="a local directory for the query's offsets and the checks' state",
+    )
+    live.add_argument(
+        "--starting-offsets",
+        choices=("earliest", "latest"),
+        default="earliest",
+        help="where a query without a checkpoint starts reading",
+    )
+    live.add_argument(
+        "--max-offsets-per-trigger", type=int, help="cap on records read per micro-batch"
+    )
+    live.add_argument(
+        "--trigger",
+        type=float,
+        default=stream.DEFAULT_TRIGGER_S,
+        help="seconds between micro-batches",
+    )
+    live.add_argument(
+        "--lateness",
+        type=float,
+        default=stream.DEFAULT_LATENESS_S,
+        help="watermark delay: how far behind the newest event time an event may come (s)",
+    )
+    live.add_argument(
+        "--horizon",
+        type=float,
+        default=stream.DEFAULT_HORIZON_S,
+        help="how long before the watermark the checks remember seqs and records (s)",
+    )
+    live.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics binds")
+    live.add_argument(
+        "--metrics-port",
+        type=int,
+        default=stream.DEFAULT_METRICS_PORT,
+        help="port of /metrics (0: any free port; the bound one is logged)",
+    )
+    live.add_argument(
+        "--max-topic-labels",
+        type=int,
+        default=stream.DEFAULT_MAX_TOPIC_LABELS,
+        help="topics counted by name in the anomaly metric; the rest as 'other'",
+    )
+    _add_spark_arguments(live)
+    live.set_defaults(handler=stream.run_stream_command)
+
+
+def _spark_options(args: argparse.Namespace) -> SparkOptions:
+    return SparkOptions(
+        master=args.master,
+        driver_host=args.driver_host,
+        shuffle_partitions=args.shuffle_partitions,
+        kafka_package=args.kafka_package,
+        conf=_pairs(args.conf, "--conf"),
+    )
+
+
+def _kafka_options(args: argparse.Namespace) -> dict[str, str]:
+    return _security_options(args) | _pairs(args.kafka_option, "--kafka-option")
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[AuditConfig, SparkOptions]:
@@ -538,7 +623,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[AuditConfig, SparkOption
         out=args.out,
         bootstrap=args.bootstrap,
         topic=args.topic,
-        kafka_options=_security_options(args) | _pairs(args.kafka_option, "--kafka-option"),
+        kafka_options=_kafka_options(args),
         inputs=tuple(args.input),
         input_format=args.input_format,
         start=start,
@@ -547,14 +632,38 @@ def config_from_args(args: argparse.Namespace) -> tuple[AuditConfig, SparkOption
         step_s=args.step,
         bucket_s=args.bucket,
     )
-    options = SparkOptions(
-        master=args.master,
-        driver_host=args.driver_host,
-        shuffle_partitions=args.shuffle_partitions,
-        kafka_package=args.kafka_package,
-        conf=_pairs(args.conf, "--conf"),
+    return config, _spark_options(args)
+
+
+def stream_config_from_args(args: argparse.Namespace) -> tuple[StreamConfig, SparkOptions]:
+    """``sidecar audit stream``'s settings; raises AuditError for ones that make no job."""
+    from ordered_audit.stream import StreamConfig
+
+    if args.trigger <= 0:
+        raise AuditError("--trigger must be positive")
+    if args.lateness < 0 or args.horizon < 0:
+        raise AuditError("--lateness and --horizon must not be negative")
+    if not 0 <= args.metrics_port <= 65535:
+        raise AuditError("--metrics-port must be a port number (0: any free one)")
+    if args.max_topic_labels < 1:
+        raise AuditError("--max-topic-labels must be at least 1")
+    if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger < 1:
+        raise AuditError("--max-offsets-per-trigger must be at least 1")
+    config = StreamConfig(
+        bootstrap=args.bootstrap,
+        topic=args.topic,
+        checkpoint=args.checkpoint,
+        kafka_options=_kafka_options(args),
+        starting_offsets=args.starting_offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        trigger_s=args.trigger,
+        lateness_s=args.lateness,
+        horizon_s=args.horizon,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        max_topic_labels=args.max_topic_labels,
     )
-    return config, options
+    return config, _spark_options(args)
 
 
 def _security_options(args: argparse.Namespace) -> dict[str, str]:

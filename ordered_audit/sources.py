@@ -112,6 +112,36 @@ def _value(event: dict[str, Any], name: str) -> Any:
     return value
 
 
+def kafka_source_options(
+    bootstrap: str,
+    topic: str,
+    settings: dict[str, str] | None = None,
+    options: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The options of Spark's Kafka source for the audit topic, as both jobs (``audit
+    run`` and ``audit stream``) read it: ``settings`` are the job's own (where to start,
+    where to end), ``options`` the user's (``--kafka-option``, the secured cluster's
+    ``kafka.*``), applied last so they can override anything."""
+    return (
+        {
+            "kafka.bootstrap.servers": bootstrap,
+            "subscribe": topic,
+            # Records the topic's retention removed are gone either way: audit the rest
+            # rather than fail (their absence can only hide anomalies, never make one).
+            "failOnDataLoss": "false",
+        }
+        | (settings or {})
+        | (options or {})
+    )
+
+
+def parse_events(raw: DataFrame) -> DataFrame:
+    """The Kafka source's records (``value``: one event's JSON) as the flat event frame;
+    records that are not events (no ``type``) are left out."""
+    parsed = raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
+    return parsed.select("e.*").where(F.col("type").isNotNull())
+
+
 def read_kafka(
     spark: SparkSession,
     bootstrap: str,
@@ -124,27 +154,36 @@ def read_kafka(
     ``options`` are passed to the source as they are (e.g. ``kafka.security.protocol``).
     Needs the spark-sql-kafka package on the session (``job.build_session``).
     """
-    reader = (
-        spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("failOnDataLoss", "false")
-        # A partition without a record after the start timestamp reads nothing, rather
-        # than failing the query (the default strategy, "error").
-        .option("startingOffsetsByTimestampStrategy", "latest")
-    )
+    # A partition without a record after the start timestamp reads nothing, rather than
+    # failing the query (the default strategy, "error").
+    settings = {"startingOffsetsByTimestampStrategy": "latest"}
     if window.start is not None:
         start_ms = int((window.start - KAFKA_TIMESTAMP_MARGIN_S) * 1000)
-        reader = reader.option("startingTimestamp", str(max(start_ms, 0)))
+        settings["startingTimestamp"] = str(max(start_ms, 0))
     if window.end is not None:
-        reader = reader.option(
-            "endingTimestamp", str(int((window.end + KAFKA_TIMESTAMP_MARGIN_S) * 1000))
-        )
-    for name, value in (options or {}).items():
-        reader = reader.option(name, value)
-    raw = reader.load()
-    parsed = raw.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
-    return window.apply(parsed.select("e.*").where(F.col("type").isNotNull()))
+        settings["endingTimestamp"] = str(int((window.end + KAFKA_TIMESTAMP_MARGIN_S) * 1000))
+    reader = spark.read.format("kafka").options(
+        **kafka_source_options(bootstrap, topic, settings, options)
+    )
+    return window.apply(parse_events(reader.load()))
+
+
+def read_kafka_stream(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    settings: dict[str, str],
+    options: dict[str, str] | None = None,
+) -> DataFrame:
+    """The events of the audit topic as a stream (``spark.readStream``), schema 1 only.
+
+    ``settings`` are the stream's own source settings (``startingOffsets``,
+    ``maxOffsetsPerTrigger``); ``options`` as for ``read_kafka``."""
+    reader = spark.readStream.format("kafka").options(
+        **kafka_source_options(bootstrap, topic, settings, options)
+    )
+    known, _ = split_schema_versions(parse_events(reader.load()))
+    return known
 
 
 def read_files(

@@ -19,8 +19,10 @@ from ordered_audit.job import (
     parse_time,
     run_audit,
     session_settings,
+    stream_config_from_args,
 )
-from sidecar.cli import build_parser
+from ordered_audit.stream import run_stream_command
+from sidecar.cli import build_parser, main
 from tests.audit.history import History, injected, write_json_lines
 
 # The job on files -------------------------------------------------------------------
@@ -139,6 +141,54 @@ def test_the_audit_command_is_registered_and_checks_its_arguments(tmp_path: Path
     )
     with pytest.raises(AuditError, match="after --from"):
         config_from_args(backwards)
+
+
+def test_the_stream_command_is_registered_and_checks_its_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = build_parser()
+    base = ["audit", "stream", "--bootstrap", "127.0.0.1:9092", "--checkpoint", str(tmp_path)]
+    args = parser.parse_args(
+        [
+            *base,
+            "--topic",
+            "audit",
+            "--kafka-option",
+            "kafka.security.protocol=PLAINTEXT",
+            "--starting-offsets",
+            "latest",
+            "--max-offsets-per-trigger",
+            "5000",
+            "--metrics-port",
+            "0",
+            "--master",
+            "spark://127.0.0.1:7077",
+        ]
+    )
+    assert args.handler is run_stream_command
+    config, options = stream_config_from_args(args)
+    assert (config.bootstrap, config.topic, config.checkpoint) == (
+        "127.0.0.1:9092",
+        "audit",
+        tmp_path,
+    )
+    assert config.kafka_options == {"kafka.security.protocol": "PLAINTEXT"}
+    assert config.source_settings() == {"startingOffsets": "latest", "maxOffsetsPerTrigger": "5000"}
+    assert (config.metrics_host, config.metrics_port) == ("127.0.0.1", 0)
+    assert options.master == "spark://127.0.0.1:7077"
+    for wrong, message in [
+        (["--trigger", "0"], "--trigger"),
+        (["--horizon", "-1"], "--horizon"),
+        (["--metrics-port", "70000"], "--metrics-port"),
+        (["--max-topic-labels", "0"], "--max-topic-labels"),
+    ]:
+        with pytest.raises(AuditError, match=message):
+            stream_config_from_args(parser.parse_args([*base, *wrong]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["audit", "stream", "--bootstrap", "127.0.0.1:9092"])
+    # The command refuses them before it starts Spark.
+    assert main([*base, "--trigger", "-1"]) == 2
+    assert "--trigger must be positive" in capsys.readouterr().err
 
 
 def test_times_parse_in_every_accepted_form() -> None:

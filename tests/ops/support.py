@@ -37,9 +37,12 @@ __all__ = [
 
 
 # Metrics the alerts and the dashboard name that the sidecar does not export: the
-# ordering audit job writes them (``anomalies.prom``, for a textfile collector).
-# Everything else must be in sidecar/metrics.py.
-AUDIT_JOB_METRICS = frozenset({"sidecar_audit_anomalies_total"})
+# ordering audit job writes them (``anomalies.prom``, for a textfile collector) and the
+# live audit serves them (``ordered_audit.stream_metrics``). Everything else must be in
+# sidecar/metrics.py.
+AUDIT_JOB_METRICS = frozenset(
+    {"sidecar_audit_anomalies_total", "sidecar_audit_stream_anomalies_total"}
+)
 
 _METRIC_NAME = re.compile(r"\b(sidecar_[a-z0-9_]+)\b")
 

@@ -1,0 +1,343 @@
+"""The live audit's incremental checks on hand-built histories cut into micro-batches:
+the same anomalies as the batch checks over the whole history, each reported once, in
+the batch that reveals it; and the driver's saved state, replayed after a restart."""
+
+from __future__ import annotations
+
+import base64
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from ordered_audit import checks, incremental
+from ordered_audit.sources import events_from_dicts
+from ordered_audit.stream import LiveAudit, StreamConfig
+from ordered_audit.stream_metrics import OTHER_TOPIC, StreamMetrics
+from sidecar.audit import events as audit_events
+from sidecar.audit.events import Event
+from tests.audit.history import CONSUMER, GROUP, TOPIC, Scenario, clean, written
+
+# The identity of one anomaly, as both jobs report it.
+Found = tuple[str, str | None, str | None, int | None, int | None, int | None]
+
+
+def identity(row: dict[str, Any]) -> Found:
+    return (
+        row["kind"],
+        row["group"],
+        row["key"],
+        row["partition"],
+        row["offset"],
+        row["producer_seq"],
+    )
+
+
+def batch_check(spark: SparkSession, events: Sequence[Event]) -> list[Found]:
+    frame = events_from_dicts(spark, events)
+    found = (
+        checks.lost(frame)
+        .unionByName(checks.nonmonotonic(frame))
+        .unionByName(checks.written_across_barrier(frame))
+        .unionByName(checks.gate_evidence(frame))
+        .unionByName(checks.unaudited_deliveries(frame))
+        .unionByName(checks.consumer_truncations(frame))
+    )
+    return sorted(identity(row.asDict()) for row in found.collect())
+
+
+def incremental_check(
+    spark: SparkSession,
+    batches: Sequence[Sequence[Event]],
+    cutoff: float | None = None,
+    cutoffs: Sequence[float | None] = (),
+) -> list[list[Found]]:
+    """Each batch's anomalies, the state carried from one batch to the next; ``cutoff``
+    for every batch, or ``cutoffs`` one per batch."""
+    states = {
+        name: incremental.empty_state(spark, schema)
+        for name, schema in incremental.STATE_SCHEMAS.items()
+    }
+    per_batch = []
+    for index, events in enumerate(batches):
+        at = cutoffs[index] if cutoffs else cutoff
+        checked = incremental.check_batch(states, events_from_dicts(spark, events), at)
+        for frame in checked.shared:
+            frame.cache()
+        per_batch.append(sorted(identity(row.asDict()) for row in checked.anomalies.collect()))
+        # Materialised, as the driver's Parquet round trip does: no lineage growth.
+        states = {
+            name: spark.createDataFrame(table.collect(), table.schema)
+            for name, table in checked.states.items()
+        }
+        for frame in checked.shared:
+            frame.unpersist()
+    return per_batch
+
+
+def cut(events: Sequence[Event], parts: int) -> list[list[Event]]:
+    size = -(-len(events) // parts)
+    return [list(events[i : i + size]) for i in range(0, len(events), size)]
+
+
+def b64(key: bytes) -> str:
+    return base64.b64encode(key).decode()
+
+
+def everything(per_batch: list[list[Found]]) -> list[Found]:
+    return sorted(found for batch in per_batch for found in batch)
+
+
+def ungated() -> Scenario:
+    """The new partition delivered first, as by a consumer without the gate."""
+    scenario = written()
+    records = scenario.before + scenario.after
+    for record in sorted(records, key=lambda r: (r.partition != 2, r.partition, r.offset)):
+        scenario.history.deliver(record)
+    return scenario
+
+
+def test_a_clean_history_in_batches_has_no_anomaly(spark: SparkSession) -> None:
+    assert incremental_check(spark, cut(clean().history.events, 2)) == [[], []]
+
+
+def test_reordered_deliveries_are_found_as_the_batch_check_finds_them(
+    spark: SparkSession,
+) -> None:
+    scenario = ungated()
+    events = scenario.history.events
+    expected = batch_check(spark, events)
+    assert Counter(found[0] for found in expected) == {
+        checks.NONMONOTONIC: 2 * len(scenario.moved_keys)
+    }
+    per_batch = incremental_check(spark, cut(events, 3))
+    assert everything(per_batch) == expected
+
+
+def test_re_deliveries_in_a_later_batch_are_not_reported_again(spark: SparkSession) -> None:
+    scenario = ungated()
+    events = scenario.history.events
+    # The consumer restarts and delivers the first records again: duplicates, not
+    # reorderings, though their seqs are below the highest delivered.
+    scenario.history.restart("consumer-sc")
+    for record in sorted(scenario.before, key=lambda r: r.producer_seq)[:6]:
+        scenario.history.deliver(record, instance="c1-again")
+    # The audit topic holds the first batch's events twice (an emitter that resent).
+    first, rest = events[: len(events) // 2], events[len(events) // 2 :]
+    per_batch = incremental_check(spark, [first, rest, first])
+    assert per_batch[2] == []
+    assert everything(per_batch) == batch_check(spark, events)
+
+
+def test_a_record_shown_across_a_barrier_by_a_later_batch_is_reported_once(
+    spark: SparkSession,
+) -> None:
+    scenario = clean()
+    history = scenario.history
+    key = next(r.key for r in scenario.before if r.partition == 0)
+    zombie = history.write(0, key, 0, 2, producer="zombie-sc")
+    events = history.events
+    zombie_event = events[-1]
+    # The zombie's produce_acked comes first; the generation-1 records below it later
+    # (their sidecar's events were delayed), then every event again.
+    newer = [e for e in events[:-1] if e.get("generation") == 1 and e["partition"] == 0]
+    others = [e for e in events[:-1] if e not in newer]
+    per_batch = incremental_check(spark, [[*others, zombie_event], newer, events])
+    assert per_batch[0] == []
+    assert per_batch[1] == [
+        (
+            checks.WRITTEN_ACROSS_BARRIER,
+            None,
+            zombie_event["key"],
+            0,
+            zombie.offset,
+            zombie.producer_seq,
+        )
+    ]
+    assert per_batch[2] == []
+    assert everything(per_batch) == batch_check(spark, events)
+
+
+def test_a_skipped_record_is_lost_once_the_horizon_passed_its_acknowledgement(
+    spark: SparkSession,
+) -> None:
+    scenario = written()
+    history = scenario.history
+    records = sorted(scenario.before + scenario.after, key=lambda r: r.producer_seq)
+    in_1 = [r for r in records if r.partition == 1]
+    gone, late = in_1[2], in_1[4]
+    unreached = max((r for r in records if r.partition == 2), key=lambda r: r.offset)
+    for record in records:
+        if record not in (gone, late, unreached):
+            history.deliver(record)
+    first = list(history.events)
+    history.deliver(late)
+    # The first batch has no watermark yet; by the second, the horizon has passed every
+    # acknowledgement.
+    per_batch = incremental_check(
+        spark, [first, history.events[len(first) :]], cutoffs=[None, history.now + 1]
+    )
+    lost = (checks.LOST, GROUP, gone.key_b64, 1, gone.offset, gone.producer_seq)
+    assert per_batch[0] == []
+    assert [found for found in per_batch[1] if found[0] == checks.LOST] == [lost]
+    assert per_batch[1] == batch_check(spark, history.events)
+
+
+def test_single_event_anomalies_are_found_in_their_batch(spark: SparkSession) -> None:
+    scenario = clean()
+    history = scenario.history
+    history.gate(2, 52, 1, 0, scenario.boundary, scenario.boundary - 1)
+    history.gate(2, 53, 1, 0, scenario.boundary, scenario.boundary)
+    offset = history.bypass(1, b"rogue")
+    history.deliver_bare(1, offset, b"rogue")
+    history.emit(
+        CONSUMER,
+        audit_events.consumer_truncated(
+            group=GROUP,
+            instance="c1",
+            topic=TOPIC,
+            partition=0,
+            position=5,
+            leader_epoch=3,
+            resume_at=4,
+            lost=1,
+        ),
+    )
+    per_batch = incremental_check(spark, cut(history.events, 2))
+    assert per_batch[0] == []
+    assert sorted((f[0], f[3], f[4]) for f in per_batch[1]) == [
+        (checks.CONSUMER_TRUNCATED, 0, 4),
+        (checks.GATE_EVIDENCE, 2, 52),
+        (checks.UNAUDITED_DELIVERY, 1, offset),
+    ]
+    assert everything(per_batch) == batch_check(spark, history.events)
+
+
+def test_past_the_horizon_the_state_keeps_only_what_every_later_event_needs(
+    spark: SparkSession,
+) -> None:
+    scenario = written()
+    history = scenario.history
+    moved = next(iter(scenario.moved_keys))
+    skipped = next(r for r in scenario.before if r.key == moved)
+    for record in sorted(scenario.before + scenario.after, key=lambda r: r.producer_seq):
+        if record != skipped:
+            history.deliver(record)
+    first = list(history.events)
+    # Long after everything the state remembered in full: a zombie writes generation 0
+    # above generation 1 in partition 0, and the skipped record of a moved key comes,
+    # below the highest seq delivered for its key.
+    history.now += 3600
+    key = next(r.key for r in scenario.before if r.partition == 0)
+    history.write(0, key, 0, 2, producer="zombie-sc")
+    history.deliver(skipped)
+    cutoff = history.now - 60
+    per_batch = incremental_check(spark, [first, history.events[len(first) :]], cutoff)
+    # Its delivery came after the horizon: by then the record was judged lost (the
+    # horizon's false positive), and its delivery is late for its key.
+    lost = (
+        checks.LOST,
+        GROUP,
+        skipped.key_b64,
+        skipped.partition,
+        skipped.offset,
+        skipped.producer_seq,
+    )
+    assert per_batch[0] == [lost]
+    assert Counter(found[0] for found in per_batch[1]) == {
+        checks.WRITTEN_ACROSS_BARRIER: 1,
+        checks.NONMONOTONIC: 1,
+    }
+    assert everything(per_batch) == sorted([*batch_check(spark, history.events), lost])
+    # What is left of the first batch: the highest seq per (group, producer, key), and
+    # the lowest and highest offset per (partition, generation).
+    frame = events_from_dicts(spark, first)
+    deliveries = incremental.nonmonotonic_step(
+        incremental.empty_state(spark, incremental.DELIVERY_STATE_SCHEMA), frame, cutoff
+    ).state
+    keys = {(e["producer"], e["key"]) for e in first if e["type"] == "delivered"}
+    assert deliveries.count() == len(keys)
+    records = incremental.written_across_barrier_step(
+        incremental.empty_state(spark, incremental.RECORD_STATE_SCHEMA), frame, cutoff
+    ).state
+    offsets: dict[tuple[int, int], set[int]] = {}
+    for e in first:
+        if e["type"] == "produce_acked":
+            offsets.setdefault((e["partition"], e["generation"]), set()).add(e["offset"])
+    ends = {(p, o) for (p, _), found in offsets.items() for o in (min(found), max(found))}
+    assert {(row["partition"], row["offset"]) for row in records.collect()} == ends
+
+
+# The driver ---------------------------------------------------------------------------
+
+
+def metric(metrics: StreamMetrics, name: str, labels: dict[str, str] | None = None) -> float:
+    value = metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def test_the_driver_counts_saves_its_state_and_finds_the_same_after_a_restart(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    scenario = ungated()
+    events = scenario.history.events
+    # The last batch holds the last reordered delivery.
+    last = max(
+        i
+        for i, e in enumerate(events)
+        if e["type"] == "delivered"
+        and e["partition"] == 0
+        and e["generation"] == 0
+        and e["key"] in {b64(k) for k in scenario.moved_keys}
+    )
+    parts = [events[: last // 2], events[last // 2 : last], events[last:]]
+    batches: list[DataFrame] = [events_from_dicts(spark, part) for part in parts]
+    config = StreamConfig(bootstrap="unused", topic="unused", checkpoint=tmp_path)
+    labels = {"kind": checks.NONMONOTONIC, "topic": TOPIC}
+
+    first = StreamMetrics(
+        incremental.STREAM_KINDS, max_topics=5, clock=lambda: events[-1]["time"] + 2
+    )
+    audit = LiveAudit(spark, config, first)
+    for batch_id, batch in enumerate(batches[:2]):
+        audit(batch, batch_id)
+    before_last = metric(first, "sidecar_audit_stream_anomalies_total", labels)
+    audit(batches[2], 2)
+    in_last = metric(first, "sidecar_audit_stream_anomalies_total", labels) - before_last
+    assert before_last + in_last == 2 * len(scenario.moved_keys)
+    assert in_last > 0
+    assert metric(first, "sidecar_audit_stream_events_total") == len(events)
+    assert metric(first, "sidecar_audit_stream_lag_seconds") == pytest.approx(2.0)
+    # Only the states a restart can need are kept.
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["1", "2"]
+
+    # A restart: Spark runs the uncommitted last batch again, from the state before it,
+    # and finds the same anomalies (counted again, by a process whose counters start
+    # from zero).
+    again = StreamMetrics(incremental.STREAM_KINDS, max_topics=5)
+    LiveAudit(spark, config, again)(batches[2], 2)
+    assert metric(again, "sidecar_audit_stream_anomalies_total", labels) == in_last
+
+
+def test_topic_labels_are_capped() -> None:
+    metrics = StreamMetrics(incremental.STREAM_KINDS, max_topics=2)
+    metrics.record_batch(
+        events=3,
+        late=0,
+        newest=None,
+        anomalies={(checks.NONMONOTONIC, t): 1 for t in ("a", "b", "c", "d")},
+    )
+    counted = {
+        topic: metric(
+            metrics,
+            "sidecar_audit_stream_anomalies_total",
+            {"kind": checks.NONMONOTONIC, "topic": topic},
+        )
+        for topic in ("a", "b", "c", OTHER_TOPIC)
+    }
+    assert counted == {"a": 1, "b": 1, "c": 0, OTHER_TOPIC: 2}
+    with pytest.raises(ValueError, match="unknown anomaly kind"):
+        metrics.record_batch(events=0, late=0, newest=None, anomalies={(checks.DUPLICATE, "a"): 1})
