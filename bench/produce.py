@@ -63,7 +63,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import statistics
 import sys
 import time
@@ -87,6 +86,7 @@ from ordered_dev.devcluster.install import (
     ensure_installed,
 )
 from ordered_dev.devcluster.provider import ClusterEndpoints, provide_cluster
+from ordered_dev.harness.sidecars import terminate
 from sidecar.adapters.kafka import OutgoingKafkaRecord, SentRecord
 from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.config import KafkaSecuritySettings, KafkaSettings, Secret
@@ -414,13 +414,7 @@ async def sidecar_process(
                 cluster_id = (await response.json())["data"][0]["cluster_id"]
             yield Sidecar(url, process.pid, process, http, cluster_id)
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), 40)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await terminate(process)
 
 
 def kafka_security_environment(security: KafkaSecuritySettings) -> dict[str, str]:

@@ -56,7 +56,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import signal
 import socket
 import statistics
 import sys
@@ -82,6 +81,7 @@ from ordered_dev.harness.sidecars import (
     free_port,
     settings_environment,
     settings_for,
+    terminate,
 )
 from sidecar.config import Settings
 
@@ -279,14 +279,7 @@ async def _start_sidecar_once(
 
 
 async def stop_sidecar(running: Running) -> None:
-    process = running.process
-    if process.returncode is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 40)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+    await terminate(running.process)
 
 
 async def create_topics(

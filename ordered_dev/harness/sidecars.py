@@ -253,15 +253,25 @@ def free_port() -> int:
         return port
 
 
+STOP_GRACE_S = 40.0
+"""How long a stopped ``sidecar serve`` may take to shut down before it is killed."""
+
+
+async def terminate(process: asyncio.subprocess.Process, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM ``process`` if it still runs, and SIGKILL it if it has not exited within
+    ``grace_s``: a sidecar finishes what it holds first, but a test or benchmark must end."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), grace_s)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
 async def stop_process(sidecar: SidecarProcess) -> None:
     await sidecar.http.close()
-    if sidecar.process.returncode is None:
-        sidecar.process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(sidecar.process.wait(), 40)
-        except TimeoutError:
-            sidecar.process.kill()
-            await sidecar.process.wait()
+    await terminate(sidecar.process)
 
 
 @asynccontextmanager
