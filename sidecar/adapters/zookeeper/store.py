@@ -163,9 +163,12 @@ class MetadataStore:
         """Start managing a topic. Raises TopicAlreadyManaged if it is managed already."""
         await self._topics.create_topic(config, generation0, modes)
 
-    async def read_topic(self, topic: str) -> TopicState:
-        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged."""
-        return await self._topics.read_topic(topic)
+    async def read_topic(self, topic: str, changed: Callable[[], None] | None = None) -> TopicState:
+        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged.
+        With ``changed``: called once on the loop after the topic, its partitions or its
+        pending barrier next change (the reads arm the watches; read again with it to
+        hear of the change after)."""
+        return await self._topics.read_topic(topic, changed)
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being

@@ -43,6 +43,8 @@ class Topics:
     def __init__(self, connection: ZooKeeperConnection, operations: Operations) -> None:
         self._connection = connection
         self._operations = operations
+        self._watchers: dict[str, tuple[Callable[[], None], Callable[[Any], None]]] = {}
+        """Per topic, the ``changed`` callback its reads arm and the watcher made for it."""
         self._generations: dict[str, tuple[int, dict[str, Generation]]] = {}
         """Per topic, the committed generations read so far, under the topic node's
         creation (czxid): a generation node is written once, in the commit's multi-op,
@@ -79,22 +81,45 @@ class Topics:
         except NodeExistsError as exc:
             raise TopicAlreadyManaged(f"topic {config.name!r} is already managed") from exc
 
-    async def read_topic(self, topic: str) -> TopicState:
-        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged."""
-        return await self._connection.run(self._read_topic, topic)
+    async def read_topic(self, topic: str, changed: Callable[[], None] | None = None) -> TopicState:
+        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged.
 
-    def _read_topic(self, topic: str) -> TopicState:
+        With ``changed``, the reads arm ZooKeeper watches on the topic node, its
+        partitions and its pending barrier (its creation too, when there is none):
+        ``changed`` is called on the loop once after the next change of any of them.
+        A watch fires once; whoever is told reads again with ``changed`` to be told of
+        the next one. ZooKeeper keeps the watches across a reconnect of the same
+        session; after a new session, read again. The same ``changed`` for a topic is
+        armed once however often it is read (one watcher per topic)."""
+        return await self._connection.run(self._read_topic, topic, changed)
+
+    def _watcher(self, topic: str, changed: Callable[[], None]) -> Callable[[Any], None]:
+        """The one watcher function of ``topic`` for ``changed``: kazoo keeps a set of
+        watchers per path, so the same function read again is armed once."""
+        known = self._watchers.get(topic)
+        if known is not None and known[0] is changed:
+            return known[1]
+
+        def watcher(event: Any) -> None:
+            self._connection.to_loop(changed)
+
+        self._watchers[topic] = (changed, watcher)
+        return watcher
+
+    def _read_topic(self, topic: str, changed: Callable[[], None] | None = None) -> TopicState:
         path = self._connection.topic_path(topic)
+        watch = None if changed is None else self._watcher(topic, changed)
+        client = self._connection.client
         while True:
             try:
-                raw, stat = self._connection.client.get(path)
+                raw, stat = client.get(path, watch=watch)
             except NoNodeError as exc:
                 raise UnknownTopic(f"topic {topic!r} is not managed") from exc
             head = json.loads(raw)
             config = config_from_json(head["config"])
             generations = self._committed_generations(topic, path, stat.czxid)
-            partitions = json.loads(self._connection.client.get(f"{path}/partitions")[0])
-            pending = self._connection.get_json(f"{path}/pending")
+            partitions = json.loads(client.get(f"{path}/partitions", watch=watch)[0])
+            pending = self._read_pending(f"{path}/pending", watch)
             operation = self._operations.read_operation_blocking(topic)
             # The reads above are not one snapshot: a commit moves the topic node, so an
             # unchanged topic node means no commit landed in between.
@@ -109,6 +134,19 @@ class Topics:
             pending=None if pending is None else pending_from_json(pending),
             operation=operation,
         )
+
+    def _read_pending(self, path: str, watch: Callable[[Any], None] | None) -> Any:
+        """The pending barrier's value, or None; with ``watch``, armed for its change,
+        removal or (absent) creation: a read of a missing node arms nothing, an
+        existence check does."""
+        if watch is None:
+            return self._connection.get_json(path)
+        if self._connection.client.exists(path, watch=watch) is None:
+            return None
+        try:
+            return json.loads(self._connection.client.get(path, watch=watch)[0])
+        except NoNodeError:
+            return None  # removed since: the watch is armed and has fired
 
     def _committed_generations(self, topic: str, path: str, created: int) -> list[Generation]:
         """The topic's committed generations, in order; only those not read before are
