@@ -176,16 +176,6 @@ class MetadataStore:
         and again after every reconnect (kazoo re-reads the children then)."""
         self._topics.watch_topic_list(callback)
 
-    def watch_topic(self, topic: str, callback: Callable[[], None]) -> None:
-        """Call ``callback`` on the loop whenever the topic, its partitions or its pending
-        barrier changes, appears or disappears, until the store stops.
-
-        It is also called once as soon as each watch is set: the watches are set in the
-        background, and a change between the caller's last read and the watch would
-        otherwise go unnoticed.
-        """
-        self._topics.watch_topic(topic, callback)
-
     async def set_partitions(
         self,
         topic: str,

@@ -15,7 +15,7 @@ from contextlib import suppress
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.recipe.watchers import ChildrenWatch
 
 from sidecar.adapters.zookeeper.connection import ZooKeeperConnection, commit, encode
 from sidecar.adapters.zookeeper.operations import Operations
@@ -175,26 +175,6 @@ class Topics:
         self._connection.client.handler.spawn(
             ChildrenWatch, self._connection.client, f"{self._connection.root}/topics", changed
         )
-
-    def watch_topic(self, topic: str, callback: Callable[[], None]) -> None:
-        """Call ``callback`` on the loop whenever the topic, its partitions or its pending
-        barrier changes, appears or disappears, until the store stops.
-
-        It is also called once as soon as each watch is set: the watches are set in the
-        background, and a change between the caller's last read and the watch would
-        otherwise go unnoticed.
-        """
-        path = self._connection.topic_path(topic)
-
-        def changed(data: bytes | None, stat: Any, event: Any) -> None:
-            self._connection.to_loop(callback)
-
-        for watched in (path, f"{path}/partitions", f"{path}/pending"):
-            # DataWatch reads the node before it returns, retrying forever while
-            # disconnected: that must not happen on the event loop.
-            self._connection.client.handler.spawn(
-                DataWatch, self._connection.client, watched, changed
-            )
 
     async def set_partitions(
         self,
