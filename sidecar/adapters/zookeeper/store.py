@@ -263,6 +263,10 @@ class MetadataStore:
     async def barrier_acks(self, topic: str, generation: int) -> dict[SidecarId, dict[int, int]]:
         return await self._barriers.barrier_acks(topic, generation)
 
+    async def barrier_ackers(self, topic: str, generation: int) -> frozenset[SidecarId]:
+        """Who acked the barrier for ``generation``, without their offsets."""
+        return await self._barriers.barrier_ackers(topic, generation)
+
     async def remove_barrier(self, topic: str, generation: int) -> None:
         """Withdraw the barrier for ``generation`` (a rollback) and its acks; idempotent.
         Raises ChangeTakenOver if another coordinator wrote the journal since this store
