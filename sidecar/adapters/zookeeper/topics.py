@@ -111,19 +111,28 @@ class Topics:
         watch = None if changed is None else self._watcher(topic, changed)
         client = self._connection.client
         while True:
+            # Every request of a round is sent before any answer is awaited (ZooKeeper
+            # answers a session's requests in the order sent): a topic costs two round
+            # trips, not one per node. At every change each sidecar reads the topic.
+            head_asked = client.get_async(path, watch=watch)
+            names_asked = client.get_children_async(f"{path}/generations")
+            partitions_asked = client.get_async(f"{path}/partitions", watch=watch)
+            pending_asked = self._ask_pending(f"{path}/pending", watch)
+            operation_asked = client.get_async(self._connection.ops_path(topic))
             try:
-                raw, stat = client.get(path, watch=watch)
+                raw, stat = head_asked.get()
             except NoNodeError as exc:
                 raise UnknownTopic(f"topic {topic!r} is not managed") from exc
             head = json.loads(raw)
             config = config_from_json(head["config"])
-            generations = self._committed_generations(topic, path, stat.czxid)
-            partitions = json.loads(client.get(f"{path}/partitions", watch=watch)[0])
-            pending = self._read_pending(f"{path}/pending", watch)
-            operation = self._operations.read_operation_blocking(topic)
+            names = names_asked.get()
+            partitions = json.loads(partitions_asked.get()[0])
+            pending = _pending_value(*pending_asked)
+            operation = self._operations.operation_from_answer(operation_asked)
             # The reads above are not one snapshot: a commit moves the topic node, so an
-            # unchanged topic node means no commit landed in between.
-            after = self._connection.client.exists(path)
+            # unchanged topic node means no commit landed in between. The generations
+            # not read before are asked together with that check.
+            generations, after = self._committed_generations(topic, path, stat.czxid, names)
             if after is not None and after.mzxid == stat.mzxid:
                 break
         return TopicState(
@@ -135,34 +144,39 @@ class Topics:
             operation=operation,
         )
 
-    def _read_pending(self, path: str, watch: Callable[[Any], None] | None) -> Any:
-        """The pending barrier's value, or None; with ``watch``, armed for its change,
+    def _ask_pending(self, path: str, watch: Callable[[Any], None] | None) -> tuple[Any, Any]:
+        """Ask for the pending barrier's value; with ``watch``, armed for its change,
         removal or (absent) creation: a read of a missing node arms nothing, an
-        existence check does."""
-        if watch is None:
-            return self._connection.get_json(path)
-        if self._connection.client.exists(path, watch=watch) is None:
-            return None
-        try:
-            return json.loads(self._connection.client.get(path, watch=watch)[0])
-        except NoNodeError:
-            return None  # removed since: the watch is armed and has fired
+        existence check does. Both are asked at once; ``_pending_value`` reads them."""
+        client = self._connection.client
+        exists = None if watch is None else client.exists_async(path, watch=watch)
+        return exists, client.get_async(path, watch=watch)
 
-    def _committed_generations(self, topic: str, path: str, created: int) -> list[Generation]:
-        """The topic's committed generations, in order; only those not read before are
-        read from ZooKeeper (every sidecar reads the log at every change: with a long log
-        that was one read per generation, each time)."""
+    def _committed_generations(
+        self, topic: str, path: str, created: int, names: Sequence[str]
+    ) -> tuple[list[Generation], Any]:
+        """The topic's committed generations, in order, and the topic node's stat read
+        after them (None: removed). Only generations not read before are read from
+        ZooKeeper, all at once (every sidecar reads the log at every change: with a
+        long log that was one read per generation, each time)."""
         known_created, known = self._generations.get(topic, (created, {}))
         if known_created != created:
             known = {}
-        names = sorted(self._connection.client.get_children(f"{path}/generations"))
-        for name in names:
-            if name not in known:
-                data = self._connection.client.get(f"{path}/generations/{name}")[0]
-                known[name] = generation_from_json(json.loads(data))
-        kept = {name: known[name] for name in names}  # nothing kept of removed ones
+        client = self._connection.client
+        ordered = sorted(names)
+        new = [name for name in ordered if name not in known]
+        asked = [client.get_async(f"{path}/generations/{name}") for name in new]
+        after_asked = client.exists_async(path)
+        for name, answer in zip(new, asked, strict=True):
+            try:
+                data = answer.get()[0]
+            except NoNodeError:
+                continue  # removed since it was listed: the topic node moved too
+            known[name] = generation_from_json(json.loads(data))
+        after = after_asked.get()
+        kept = {name: known[name] for name in ordered if name in known}  # none of removed ones
         self._generations[topic] = (created, kept)
-        return list(kept.values())
+        return list(kept.values()), after
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being
@@ -245,6 +259,17 @@ def encode_partitions(
     modes: tuple[PartitionMode, ...], delete_after: tuple[float | None, ...]
 ) -> bytes:
     return encode({"modes": modes_to_json(modes), "delete_after": list(delete_after)})
+
+
+def _pending_value(exists: Any, value: Any) -> Any:
+    """The pending barrier's decoded value from the answers ``Topics._ask_pending`` got,
+    or None if there is none."""
+    if exists is not None and exists.get() is None:
+        return None
+    try:
+        return json.loads(value.get()[0])
+    except NoNodeError:
+        return None  # removed since: a watch armed on it has fired
 
 
 def _delete_after_from_json(raw: Any) -> tuple[float | None, ...]:
