@@ -45,7 +45,10 @@ measured once more with 3 lanes (the default) to show what ``--lanes`` saves.
 **A change's time.** After each idle window, ``--changes`` expansions of one more topic
 (created with 1 partition before the first), each by one partition, one after the
 other: the admin request's time until it answers with the change done, and ZooKeeper's
-``Received`` over them.
+``Received`` over them. With ``--paused-change``, one more expansion while the fleet's
+last sidecar is stopped (SIGSTOP): the barrier waits for its ack until ZooKeeper expires
+its session (``zookeeper.session_timeout_s``), so the change should take that timeout and
+not more; the sidecar is then resumed and waited for until ready again.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import signal
 import socket
 import statistics
 import sys
@@ -107,6 +111,7 @@ class Plan:
     settle_s: float
     lanes: int
     changes: int = 0
+    paused_change: bool = False
 
 
 # ZooKeeper's four-letter words -----------------------------------------------------------
@@ -438,6 +443,50 @@ async def measure_changes(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PausedChange:
+    """One expansion while one sidecar of the fleet was stopped (SIGSTOP)."""
+
+    sidecars: int
+    seconds: float
+    """From the admin request to its answer (phase done)."""
+    session_timeout_s: float
+    resumed_ready_s: float
+    """From SIGCONT until the paused sidecar's ``/readyz`` answered 200 again."""
+
+
+async def measure_paused_change(
+    http: aiohttp.ClientSession, fleet: Sequence[Running], topic: str, target: int
+) -> PausedChange:
+    """Expand ``topic`` to ``target`` through sidecar 0 while the last sidecar is stopped."""
+    paused = fleet[-1]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        async with http.post(
+            f"{fleet[0].url}/admin/topics/{topic}/partition-count",
+            json={"count": target},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as response:
+            body = await response.json()
+        seconds = time.monotonic() - started
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    if response.status != 200 or body.get("phase") != "done":
+        raise RuntimeError(f"change of {topic} to {target}: {response.status} {body}")
+    resumed = time.monotonic()
+    while True:
+        if time.monotonic() - resumed > READY_WITHIN_S:
+            raise RuntimeError(f"sidecar {paused.name} not ready again after its pause")
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(f"{paused.ops_url}/readyz") as ready:
+                if ready.status == 200:
+                    break
+        await asyncio.sleep(READY_POLL_S)
+    session_timeout_s = Settings(sidecar_id="defaults").zookeeper.session_timeout_s
+    return PausedChange(len(fleet), seconds, session_timeout_s, time.monotonic() - resumed)
+
+
 # Start times -----------------------------------------------------------------------------
 
 
@@ -492,6 +541,7 @@ class Results:
     windows: list[Window] = field(default_factory=list)
     starts: list[Start] = field(default_factory=list)
     changes: list[Changes] = field(default_factory=list)
+    paused_changes: list[PausedChange] = field(default_factory=list)
     skipped_starts: list[int] = field(default_factory=list)
     idle_starts_s: list[float] = field(default_factory=list)
     """Ready times of the idle fleet's sidecars (started several at once)."""
@@ -580,6 +630,17 @@ async def run(plan: Plan, log: IO[bytes]) -> tuple[Results, str]:
                             f"max {max(changes.seconds):.2f} s",
                             flush=True,
                         )
+                        if plan.paused_change and len(fleet) > 1:
+                            change_count += 1
+                            paused = await measure_paused_change(
+                                http, fleet, change_topic, change_count
+                            )
+                            results.paused_changes.append(paused)
+                            print(
+                                f"  a change with one sidecar paused: {paused.seconds:.2f} s "
+                                f"(session timeout {paused.session_timeout_s:g} s)",
+                                flush=True,
+                            )
                 if plan.topics_start:
                     await asyncio.gather(*(stop_sidecar(s) for s in fleet[1:]))
                     del fleet[1:]
@@ -868,6 +929,30 @@ def render(results: Results) -> list[str]:
             *changes_table(results.changes),
             "",
         ]
+    if results.paused_changes:
+        lines += [
+            "### A change with one sidecar paused",
+            "",
+            "One more expansion after each count's changes, with the fleet's last sidecar "
+            "stopped (SIGSTOP) from before the request until its answer: the barrier waits "
+            "for that sidecar's ack until ZooKeeper expires its session. 'Ready again' is "
+            "from SIGCONT until its `/readyz` answered 200 (a new session, its topics read "
+            "again).",
+            "",
+            *markdown_table(
+                ["sidecars", "request to done, s", "session timeout, s", "ready again, s"],
+                [
+                    [
+                        str(p.sidecars),
+                        f"**{p.seconds:.2f}**",
+                        f"{p.session_timeout_s:g}",
+                        f"{p.resumed_ready_s:.2f}",
+                    ]
+                    for p in results.paused_changes
+                ],
+            ),
+            "",
+        ]
     if results.starts:
         lines += [
             "## Start time against managed topics",
@@ -921,6 +1006,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="partition-count changes timed after each idle window (5; 0: none)",
     )
     parser.add_argument(
+        "--paused-change",
+        action="store_true",
+        help="after each count's changes, one more with the last sidecar paused",
+    )
+    parser.add_argument(
         "--report", type=Path, default=RESULTS_DIR / "scale.md", help="where the report goes"
     )
     args = parser.parse_args(argv)
@@ -936,6 +1026,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         settle_s=args.settle,
         lanes=args.lanes,
         changes=args.changes,
+        paused_change=args.paused_change,
     )
     measure_and_write(
         "scale",

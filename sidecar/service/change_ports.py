@@ -23,7 +23,9 @@ from sidecar.core.truncation import ConfirmedLoss
 class TruncationStore(Protocol):
     """A topic's state and the boundary losses an operator confirmed (KIP-320)."""
 
-    async def read_topic(self, topic: str) -> TopicState: ...
+    async def read_topic(
+        self, topic: str, changed: Callable[[], None] | None = None
+    ) -> TopicState: ...
 
     async def confirmed_truncations(self, topic: str) -> frozenset[ConfirmedLoss]: ...
 
@@ -68,6 +70,8 @@ class ChangeStore(TruncationStore, Protocol):
     async def barrier_acks(
         self, topic: str, generation: int
     ) -> dict[SidecarId, dict[int, int]]: ...
+
+    async def barrier_ackers(self, topic: str, generation: int) -> frozenset[SidecarId]: ...
 
     async def live_sidecars(self) -> frozenset[SidecarId]: ...
 

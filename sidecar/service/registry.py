@@ -111,6 +111,8 @@ class TopicRegistry:
         self._recovering = asyncio.Lock()
         self._started_at = time.time()
         self._assignable_listeners: list[Callable[[str], None]] = []
+        self._changed_callbacks: dict[str, Callable[[], None]] = {}
+        """Per topic, what its reads arm their watches with (``_changed_callback``)."""
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -267,7 +269,7 @@ class TopicRegistry:
         if said_at is not None and now - said_at < self.settings.produce.unmanaged_cache_s:
             return None
         try:
-            state = await self.store.read_topic(topic)
+            state = await self.store.read_topic(topic, self._changed_callback(topic))
         except UnknownTopic:
             if len(self._unmanaged) >= self.settings.produce.unmanaged_cache_size:
                 self._unmanaged.clear()  # bounded: names come from clients
@@ -295,7 +297,7 @@ class TopicRegistry:
         async def adopt(name: str) -> None:
             async with gate:
                 try:
-                    state = await self.store.read_topic(name)
+                    state = await self.store.read_topic(name, self._changed_callback(name))
                 except UnknownTopic:
                     return  # deleted between list and read
             self._adopt_runtime(state)  # a no-op if a produce adopted it meanwhile
@@ -325,10 +327,26 @@ class TopicRegistry:
         runtime = TopicRuntime(name, state, participant)
         self.topics[name] = runtime
         self._record_generation(runtime)
-        self.store.watch_topic(name, lambda: self.spawn(self.refresh(runtime)))
-        # A barrier may already be pending: handle it as a watch would.
-        self.spawn(self.refresh(runtime))
+        # The read that found the topic armed its watches (``_changed_callback``); what
+        # it read is applied as a watch's refresh would apply it, without reading again
+        # (a barrier may already be pending).
+        self._apply_state(runtime, state)
+        self.spawn(self.maybe_ack_barrier(runtime))
         return runtime
+
+    def _changed_callback(self, name: str) -> Callable[[], None]:
+        """What a read of topic ``name`` arms its watches with: refresh its runtime (which
+        reads again, arming them for the change after). One callable per topic."""
+        known = self._changed_callbacks.get(name)
+        if known is None:
+
+            def changed() -> None:
+                runtime = self.topics.get(name)
+                if runtime is not None:
+                    self.spawn(self.refresh(runtime))
+
+            known = self._changed_callbacks[name] = changed
+        return known
 
     async def refresh(self, runtime: TopicRuntime) -> None:
         """Re-read the topic and apply what changed: a commit, a barrier, a rollback.
@@ -343,7 +361,9 @@ class TopicRegistry:
                 return  # a read that began after this was asked is done
             covers = runtime.refreshes_asked
             try:
-                state = await self.store.read_topic(runtime.name)
+                state = await self.store.read_topic(
+                    runtime.name, self._changed_callback(runtime.name)
+                )
             except MetadataUnavailable:
                 return  # the session listener re-reads on reconnect
             runtime.refreshes_covered = covers
@@ -491,7 +511,10 @@ class TopicRegistry:
         """After a reconnect nothing is trusted until it has been read again."""
         for runtime in list(self.topics.values()):
             try:
-                state = await self.store.read_topic(runtime.name)
+                # A new session has none of the old one's watches: armed again here.
+                state = await self.store.read_topic(
+                    runtime.name, self._changed_callback(runtime.name)
+                )
             except (MetadataUnavailable, UnknownTopic):
                 continue
             pending = state.pending.generation if state.pending else None

@@ -323,26 +323,36 @@ async def test_remove_barrier(store: MetadataStore) -> None:
     assert await store.barrier_acks("orders", 1) == {}
 
 
-async def test_watch_fires_on_barrier_and_commit(store: MetadataStore) -> None:
+async def test_reads_arm_one_shot_watches(store: MetadataStore) -> None:
     log = await _managed_topic(store)
     changes = _Changes()
-    store.watch_topic("orders", changes)
-    await changes.reach(3)  # one initial call per watched node
+    await store.read_topic("orders", changes)
+    await asyncio.sleep(0.2)
+    assert changes.count == 0  # arming a watch tells nothing
 
     await store.publish_barrier("orders", PendingBarrier(1, 3))
-    await changes.reach(4)  # pending created
+    await changes.reach(1)  # the pending barrier's creation (an existence watch)
 
+    # Read again: the pending barrier's watch is armed anew; the topic's and its
+    # partitions' are still armed and not doubled (one watcher per topic).
+    await store.read_topic("orders", changes)
     generation = log.next_generation(3, [Boundary(1)] * 3)
     modes = modes_after_commit((RW, RW), generation)
     done = _operation("orders", Phase.DONE)
     await store.commit_generation("orders", generation, modes, (None,) * 3, done)
-    await changes.reach(7)  # topic and partitions set, pending deleted
-
-    # The watches persist after firing.
-    await store.set_partitions("orders", modes, (None,) * 3)
-    await changes.reach(8)
+    await changes.reach(4)  # topic and partitions set, pending deleted
     await asyncio.sleep(0.2)
-    assert changes.count == 8
+    assert changes.count == 4
+
+    # Every watch has fired and nobody read again: the next change is not told.
+    await store.set_partitions("orders", modes, (None,) * 3)
+    await asyncio.sleep(0.3)
+    assert changes.count == 4
+
+    # A read arms them again.
+    await store.read_topic("orders", changes)
+    await store.set_partitions("orders", modes, (None,) * 3)
+    await changes.reach(5)
 
 
 # Sidecars, lock, session ----------------------------------------------------------------

@@ -110,11 +110,26 @@ class Barriers:
         except NoNodeError:
             return {}
         acks: dict[SidecarId, dict[int, int]] = {}
-        for child in children:
-            raw = self._connection.get_json(f"{barrier}/{child}")
+        values = self._connection.get_json_many([f"{barrier}/{child}" for child in children])
+        for child, raw in zip(children, values, strict=True):
             if raw is not None:
                 acks[SidecarId(child)] = {int(p): int(o) for p, o in raw["acked"].items()}
         return acks
+
+    async def barrier_ackers(self, topic: str, generation: int) -> frozenset[SidecarId]:
+        """The sidecars that have acked the barrier for ``generation``: its children's
+        names alone, one request however many sidecars (``barrier_acks`` reads each
+        ack's offsets too)."""
+        return await self._connection.run(self._barrier_ackers, topic, generation)
+
+    def _barrier_ackers(self, topic: str, generation: int) -> frozenset[SidecarId]:
+        barrier = self._connection.barrier_path(topic, generation)
+        try:
+            return frozenset(
+                SidecarId(child) for child in self._connection.client.get_children(barrier)
+            )
+        except NoNodeError:
+            return frozenset()
 
     async def remove_barrier(self, topic: str, generation: int) -> None:
         """Withdraw the barrier for ``generation`` (a rollback) and its acks; idempotent.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any, ParamSpec, TypeVar
 
@@ -147,6 +147,19 @@ class ZooKeeperConnection:
             return json.loads(self.client.get(path)[0])
         except NoNodeError:
             return None
+
+    def get_json_many(self, paths: Sequence[str]) -> list[Any]:
+        """Each node's decoded value (None for one that does not exist), the reads
+        pipelined: every request is sent before any answer is awaited, so n nodes cost
+        about one round trip instead of n (a coordinator reads one ack per sidecar)."""
+        asked = [self.client.get_async(path) for path in paths]
+        values: list[Any] = []
+        for answer in asked:
+            try:
+                values.append(json.loads(answer.get()[0]))
+            except NoNodeError:
+                values.append(None)
+        return values
 
     def sidecar_path(self, sidecar_id: str) -> str:
         return f"{self.root}/sidecars/{_names.sidecar_id(sidecar_id)}"

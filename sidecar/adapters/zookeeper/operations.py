@@ -247,6 +247,15 @@ class Operations:
             return None
         return operation_from_json(json.loads(raw))
 
+    @staticmethod
+    def operation_from_answer(answer: Any) -> Operation | None:
+        """The journal from kazoo's answer to a read of it (``get_async``), or None."""
+        try:
+            raw, _ = answer.get()
+        except NoNodeError:
+            return None
+        return operation_from_json(json.loads(raw))
+
     def watch_journal(
         self,
         topic: str,

@@ -104,10 +104,11 @@ class Sidecars:
 
     def _live_producers(self) -> frozenset[TransactionalId]:
         owned: set[TransactionalId] = set()
-        for child in self._connection.client.get_children(f"{self._connection.root}/sidecars"):
-            # A listed child is a node already: read it whatever rule named it, as a
-            # registration a live sidecar made before ids were checked must count.
-            raw = self._connection.get_json(f"{self._connection.root}/sidecars/{child}")
+        sidecars = f"{self._connection.root}/sidecars"
+        # A listed child is a node already: read it whatever rule named it, as a
+        # registration a live sidecar made before ids were checked must count.
+        children = self._connection.client.get_children(sidecars)
+        for raw in self._connection.get_json_many([f"{sidecars}/{c}" for c in children]):
             if not isinstance(raw, dict):
                 continue
             if isinstance(raw.get("transactional_id"), str):

@@ -163,25 +163,18 @@ class MetadataStore:
         """Start managing a topic. Raises TopicAlreadyManaged if it is managed already."""
         await self._topics.create_topic(config, generation0, modes)
 
-    async def read_topic(self, topic: str) -> TopicState:
-        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged."""
-        return await self._topics.read_topic(topic)
+    async def read_topic(self, topic: str, changed: Callable[[], None] | None = None) -> TopicState:
+        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged.
+        With ``changed``: called once on the loop after the topic, its partitions or its
+        pending barrier next change (the reads arm the watches; read again with it to
+        hear of the change after)."""
+        return await self._topics.read_topic(topic, changed)
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being
         managed (the children of the topics node change), and once when the watch is set,
         and again after every reconnect (kazoo re-reads the children then)."""
         self._topics.watch_topic_list(callback)
-
-    def watch_topic(self, topic: str, callback: Callable[[], None]) -> None:
-        """Call ``callback`` on the loop whenever the topic, its partitions or its pending
-        barrier changes, appears or disappears, until the store stops.
-
-        It is also called once as soon as each watch is set: the watches are set in the
-        background, and a change between the caller's last read and the watch would
-        otherwise go unnoticed.
-        """
-        self._topics.watch_topic(topic, callback)
 
     async def set_partitions(
         self,
@@ -269,6 +262,10 @@ class MetadataStore:
 
     async def barrier_acks(self, topic: str, generation: int) -> dict[SidecarId, dict[int, int]]:
         return await self._barriers.barrier_acks(topic, generation)
+
+    async def barrier_ackers(self, topic: str, generation: int) -> frozenset[SidecarId]:
+        """Who acked the barrier for ``generation``, without their offsets."""
+        return await self._barriers.barrier_ackers(topic, generation)
 
     async def remove_barrier(self, topic: str, generation: int) -> None:
         """Withdraw the barrier for ``generation`` (a rollback) and its acks; idempotent.

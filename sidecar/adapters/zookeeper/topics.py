@@ -15,7 +15,7 @@ from contextlib import suppress
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.recipe.watchers import ChildrenWatch
 
 from sidecar.adapters.zookeeper.connection import ZooKeeperConnection, commit, encode
 from sidecar.adapters.zookeeper.operations import Operations
@@ -43,6 +43,8 @@ class Topics:
     def __init__(self, connection: ZooKeeperConnection, operations: Operations) -> None:
         self._connection = connection
         self._operations = operations
+        self._watchers: dict[str, tuple[Callable[[], None], Callable[[Any], None]]] = {}
+        """Per topic, the ``changed`` callback its reads arm and the watcher made for it."""
         self._generations: dict[str, tuple[int, dict[str, Generation]]] = {}
         """Per topic, the committed generations read so far, under the topic node's
         creation (czxid): a generation node is written once, in the commit's multi-op,
@@ -79,26 +81,58 @@ class Topics:
         except NodeExistsError as exc:
             raise TopicAlreadyManaged(f"topic {config.name!r} is already managed") from exc
 
-    async def read_topic(self, topic: str) -> TopicState:
-        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged."""
-        return await self._connection.run(self._read_topic, topic)
+    async def read_topic(self, topic: str, changed: Callable[[], None] | None = None) -> TopicState:
+        """Everything about one topic at one moment. Raises UnknownTopic if unmanaged.
 
-    def _read_topic(self, topic: str) -> TopicState:
+        With ``changed``, the reads arm ZooKeeper watches on the topic node, its
+        partitions and its pending barrier (its creation too, when there is none):
+        ``changed`` is called on the loop once after the next change of any of them.
+        A watch fires once; whoever is told reads again with ``changed`` to be told of
+        the next one. ZooKeeper keeps the watches across a reconnect of the same
+        session; after a new session, read again. The same ``changed`` for a topic is
+        armed once however often it is read (one watcher per topic)."""
+        return await self._connection.run(self._read_topic, topic, changed)
+
+    def _watcher(self, topic: str, changed: Callable[[], None]) -> Callable[[Any], None]:
+        """The one watcher function of ``topic`` for ``changed``: kazoo keeps a set of
+        watchers per path, so the same function read again is armed once."""
+        known = self._watchers.get(topic)
+        if known is not None and known[0] is changed:
+            return known[1]
+
+        def watcher(event: Any) -> None:
+            self._connection.to_loop(changed)
+
+        self._watchers[topic] = (changed, watcher)
+        return watcher
+
+    def _read_topic(self, topic: str, changed: Callable[[], None] | None = None) -> TopicState:
         path = self._connection.topic_path(topic)
+        watch = None if changed is None else self._watcher(topic, changed)
+        client = self._connection.client
         while True:
+            # Every request of a round is sent before any answer is awaited (ZooKeeper
+            # answers a session's requests in the order sent): a topic costs two round
+            # trips, not one per node. At every change each sidecar reads the topic.
+            head_asked = client.get_async(path, watch=watch)
+            names_asked = client.get_children_async(f"{path}/generations")
+            partitions_asked = client.get_async(f"{path}/partitions", watch=watch)
+            pending_asked = self._ask_pending(f"{path}/pending", watch)
+            operation_asked = client.get_async(self._connection.ops_path(topic))
             try:
-                raw, stat = self._connection.client.get(path)
+                raw, stat = head_asked.get()
             except NoNodeError as exc:
                 raise UnknownTopic(f"topic {topic!r} is not managed") from exc
             head = json.loads(raw)
             config = config_from_json(head["config"])
-            generations = self._committed_generations(topic, path, stat.czxid)
-            partitions = json.loads(self._connection.client.get(f"{path}/partitions")[0])
-            pending = self._connection.get_json(f"{path}/pending")
-            operation = self._operations.read_operation_blocking(topic)
+            names = names_asked.get()
+            partitions = json.loads(partitions_asked.get()[0])
+            pending = _pending_value(*pending_asked)
+            operation = self._operations.operation_from_answer(operation_asked)
             # The reads above are not one snapshot: a commit moves the topic node, so an
-            # unchanged topic node means no commit landed in between.
-            after = self._connection.client.exists(path)
+            # unchanged topic node means no commit landed in between. The generations
+            # not read before are asked together with that check.
+            generations, after = self._committed_generations(topic, path, stat.czxid, names)
             if after is not None and after.mzxid == stat.mzxid:
                 break
         return TopicState(
@@ -110,21 +144,39 @@ class Topics:
             operation=operation,
         )
 
-    def _committed_generations(self, topic: str, path: str, created: int) -> list[Generation]:
-        """The topic's committed generations, in order; only those not read before are
-        read from ZooKeeper (every sidecar reads the log at every change: with a long log
-        that was one read per generation, each time)."""
+    def _ask_pending(self, path: str, watch: Callable[[Any], None] | None) -> tuple[Any, Any]:
+        """Ask for the pending barrier's value; with ``watch``, armed for its change,
+        removal or (absent) creation: a read of a missing node arms nothing, an
+        existence check does. Both are asked at once; ``_pending_value`` reads them."""
+        client = self._connection.client
+        exists = None if watch is None else client.exists_async(path, watch=watch)
+        return exists, client.get_async(path, watch=watch)
+
+    def _committed_generations(
+        self, topic: str, path: str, created: int, names: Sequence[str]
+    ) -> tuple[list[Generation], Any]:
+        """The topic's committed generations, in order, and the topic node's stat read
+        after them (None: removed). Only generations not read before are read from
+        ZooKeeper, all at once (every sidecar reads the log at every change: with a
+        long log that was one read per generation, each time)."""
         known_created, known = self._generations.get(topic, (created, {}))
         if known_created != created:
             known = {}
-        names = sorted(self._connection.client.get_children(f"{path}/generations"))
-        for name in names:
-            if name not in known:
-                data = self._connection.client.get(f"{path}/generations/{name}")[0]
-                known[name] = generation_from_json(json.loads(data))
-        kept = {name: known[name] for name in names}  # nothing kept of removed ones
+        client = self._connection.client
+        ordered = sorted(names)
+        new = [name for name in ordered if name not in known]
+        asked = [client.get_async(f"{path}/generations/{name}") for name in new]
+        after_asked = client.exists_async(path)
+        for name, answer in zip(new, asked, strict=True):
+            try:
+                data = answer.get()[0]
+            except NoNodeError:
+                continue  # removed since it was listed: the topic node moved too
+            known[name] = generation_from_json(json.loads(data))
+        after = after_asked.get()
+        kept = {name: known[name] for name in ordered if name in known}  # none of removed ones
         self._generations[topic] = (created, kept)
-        return list(kept.values())
+        return list(kept.values()), after
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being
@@ -137,26 +189,6 @@ class Topics:
         self._connection.client.handler.spawn(
             ChildrenWatch, self._connection.client, f"{self._connection.root}/topics", changed
         )
-
-    def watch_topic(self, topic: str, callback: Callable[[], None]) -> None:
-        """Call ``callback`` on the loop whenever the topic, its partitions or its pending
-        barrier changes, appears or disappears, until the store stops.
-
-        It is also called once as soon as each watch is set: the watches are set in the
-        background, and a change between the caller's last read and the watch would
-        otherwise go unnoticed.
-        """
-        path = self._connection.topic_path(topic)
-
-        def changed(data: bytes | None, stat: Any, event: Any) -> None:
-            self._connection.to_loop(callback)
-
-        for watched in (path, f"{path}/partitions", f"{path}/pending"):
-            # DataWatch reads the node before it returns, retrying forever while
-            # disconnected: that must not happen on the event loop.
-            self._connection.client.handler.spawn(
-                DataWatch, self._connection.client, watched, changed
-            )
 
     async def set_partitions(
         self,
@@ -227,6 +259,17 @@ def encode_partitions(
     modes: tuple[PartitionMode, ...], delete_after: tuple[float | None, ...]
 ) -> bytes:
     return encode({"modes": modes_to_json(modes), "delete_after": list(delete_after)})
+
+
+def _pending_value(exists: Any, value: Any) -> Any:
+    """The pending barrier's decoded value from the answers ``Topics._ask_pending`` got,
+    or None if there is none."""
+    if exists is not None and exists.get() is None:
+        return None
+    try:
+        return json.loads(value.get()[0])
+    except NoNodeError:
+        return None  # removed since: a watch armed on it has fired
 
 
 def _delete_after_from_json(raw: Any) -> tuple[float | None, ...]:

@@ -223,6 +223,9 @@ class _Zk:
     async def barrier_acks(self, topic: str, generation: int) -> dict[SidecarId, dict[int, int]]:
         return dict(self.acks.get(generation, {}))
 
+    async def barrier_ackers(self, topic: str, generation: int) -> frozenset[SidecarId]:
+        return frozenset(self.acks.get(generation, {}))
+
     async def registered_producers(self) -> frozenset[TransactionalId]:
         return self.registered
 

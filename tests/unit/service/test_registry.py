@@ -29,9 +29,7 @@ from sidecar.service.registry import TopicRegistry
 class _Store:
     def __init__(self) -> None:
         self.watched: list[str] = []
-
-    def watch_topic(self, name: str, callback: Any) -> None:
-        self.watched.append(name)
+        """The topics whose reads armed watches (a ``changed`` callback given)."""
 
 
 def _sidecar() -> TopicRegistry:
@@ -126,8 +124,10 @@ class _SlowStore(_Store):
         self.reads = 0
         self.answer = asyncio.Event()
 
-    async def read_topic(self, name: str) -> TopicState:
+    async def read_topic(self, name: str, changed: Any = None) -> TopicState:
         self.reads += 1
+        if changed is not None:
+            self.watched.append(name)
         await self.answer.wait()
         return self.state
 
@@ -165,7 +165,7 @@ class _ManyTopics(_Store):
     async def list_topics(self) -> list[str]:
         return list(self.names)
 
-    async def read_topic(self, name: str) -> TopicState:
+    async def read_topic(self, name: str, changed: Any = None) -> TopicState:
         self.reading += 1
         self.most_at_once = max(self.most_at_once, self.reading)
         try:
@@ -174,6 +174,8 @@ class _ManyTopics(_Store):
                 raise UnknownTopic(f"topic {name!r} is not managed")
             if name == self.failing:
                 raise MetadataUnavailable("ZooKeeper: connection lost")
+            if changed is not None:
+                self.watched.append(name)
             state = _state(None)
             return replace(state, config=replace(state.config, name=name))
         finally:

@@ -26,14 +26,11 @@ class _Store:
         self.reads = 0
         self.managed: dict[str, TopicState] = {}
 
-    async def read_topic(self, name: str) -> TopicState:
+    async def read_topic(self, name: str, changed: Any = None) -> TopicState:
         self.reads += 1
         if name not in self.managed:
             raise UnknownTopic(name)
         return self.managed[name]
-
-    def watch_topic(self, name: str, callback: Any) -> None:
-        pass
 
 
 def _sidecar(cache_s: float) -> tuple[TopicRegistry, _Store]:

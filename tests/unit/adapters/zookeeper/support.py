@@ -3,6 +3,7 @@ fake (it never connects), believed CONNECTED, and a kazoo node stat."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,3 +29,21 @@ def connection(client: Any, *, root: str = "/ordered", attempts: int = 5) -> Zoo
 def stat(**fields: Any) -> SimpleNamespace:
     """A kazoo ZnodeStat with only the fields a test gives."""
     return SimpleNamespace(**fields)
+
+
+class Answer:
+    """kazoo's IAsyncResult of a request a fake client answers at once: ``get`` returns
+    the value or raises what the request raised."""
+
+    def __init__(self, request: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: Exception | None = None
+        try:
+            self._value = request()
+        except Exception as exc:
+            self._error = exc
+
+    def get(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value

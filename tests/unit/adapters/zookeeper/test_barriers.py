@@ -17,7 +17,7 @@ from sidecar.adapters.zookeeper.barriers import Barriers
 from sidecar.adapters.zookeeper.operations import Operations
 from sidecar.core.errors import InvalidName, OperationInProgress, UnknownTopic
 from sidecar.core.topics import PendingBarrier
-from tests.unit.adapters.zookeeper.support import connection
+from tests.unit.adapters.zookeeper.support import Answer, connection
 
 BARRIER = "/ordered/topics/orders/barrier/4"
 
@@ -45,6 +45,9 @@ class _Client:
         if path not in self.nodes:
             raise NoNodeError()
         return self.nodes[path], SimpleNamespace(version=0)
+
+    def get_async(self, path: str) -> Answer:
+        return Answer(lambda: self.get(path))
 
     def exists(self, path: str) -> SimpleNamespace | None:
         return SimpleNamespace(version=0) if path in self.nodes else None
@@ -76,6 +79,7 @@ async def test_an_ack_names_each_partition_and_the_offset_after_its_last_write()
         "host-1": {0: 121, 3: 7},
         "host-2": {},
     }
+    assert await barriers.barrier_ackers("orders", 4) == {"host-1", "host-2"}
 
 
 async def test_an_ack_for_a_finished_barrier_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
@@ -87,6 +91,7 @@ async def test_an_ack_for_a_finished_barrier_is_dropped(caplog: pytest.LogCaptur
         "dropped an ack for the finished barrier 4 of orders"
     ]
     assert await _barriers(client).barrier_acks("orders", 4) == {}
+    assert await _barriers(client).barrier_ackers("orders", 4) == frozenset()
 
 
 async def test_an_ack_from_an_id_that_is_no_sidecar_id_is_refused() -> None:

@@ -25,7 +25,7 @@ from sidecar.adapters.zookeeper.connection import ZooKeeperConnection, commit, e
 from sidecar.config import Secret, ZooKeeperSecuritySettings
 from sidecar.core.errors import InvalidName, MetadataNotAuthorized, MetadataUnavailable
 from sidecar.core.participant import SessionState
-from tests.unit.adapters.zookeeper.support import connection
+from tests.unit.adapters.zookeeper.support import connection, stat
 
 
 def test_every_path_is_under_the_root_as_the_layout_says() -> None:
@@ -190,3 +190,26 @@ async def test_kazoo_callbacks_reach_the_loop_until_the_store_stops() -> None:
     made.to_loop(heard.append, "after stop")
     await asyncio.sleep(0)
     assert heard == ["from kazoo's thread"]
+
+
+def test_many_nodes_are_read_with_every_request_sent_before_any_answer() -> None:
+    events: list[str] = []
+    nodes = {"/a": b'{"n":1}', "/c": b"[3]"}
+
+    class _Pending:
+        def __init__(self, path: str) -> None:
+            self._path = path
+
+        def get(self) -> tuple[bytes, Any]:
+            events.append(f"answer {self._path}")
+            if self._path not in nodes:
+                raise NoNodeError()
+            return nodes[self._path], stat()
+
+    class _Client:
+        def get_async(self, path: str) -> _Pending:
+            events.append(f"ask {path}")
+            return _Pending(path)
+
+    assert connection(_Client()).get_json_many(["/a", "/b", "/c"]) == [{"n": 1}, None, [3]]
+    assert events == ["ask /a", "ask /b", "ask /c", "answer /a", "answer /b", "answer /c"]

@@ -15,7 +15,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from sidecar.adapters.zookeeper.sidecars import Sidecars
 from sidecar.core.errors import InvalidName, MetadataUnavailable
 from sidecar.core.procedures import TransactionalId
-from tests.unit.adapters.zookeeper.support import connection
+from tests.unit.adapters.zookeeper.support import Answer, connection
 
 SESSION = 72
 
@@ -60,6 +60,9 @@ class _Client:
         if path not in self.nodes:
             raise NoNodeError()
         return self.nodes[path][0], SimpleNamespace()
+
+    def get_async(self, path: str) -> Answer:
+        return Answer(lambda: self.get(path))
 
     def get_children(self, path: str) -> list[str]:
         prefix = path + "/"

@@ -22,7 +22,7 @@ from sidecar.adapters.zookeeper.topics import (
 from sidecar.core.errors import UnknownTopic
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.serialization import generation_to_json
-from tests.unit.adapters.zookeeper.support import connection
+from tests.unit.adapters.zookeeper.support import Answer, connection
 
 
 class _GenerationsClient:
@@ -39,9 +39,25 @@ class _GenerationsClient:
         # ZooKeeper names children in no particular order.
         return sorted((p.rsplit("/", 1)[1] for p in self.nodes), reverse=True)
 
-    def get(self, path: str) -> tuple[bytes, SimpleNamespace]:
+    def get_async(self, path: str) -> Answer:
         self.reads.append(path)
-        return self.nodes[path], SimpleNamespace()
+        return Answer(lambda: (self.nodes[path], SimpleNamespace()))
+
+    def exists_async(self, path: str) -> Answer:
+        self.reads.append(f"exists {path}")
+        return Answer(lambda: SimpleNamespace(mzxid=5))
+
+
+def _read_log(store: MetadataStore, client: _GenerationsClient, created: int) -> list[Any]:
+    """The generations ``Topics._committed_generations`` returns, having checked that it
+    asked for the topic node's stat after every generation it read."""
+    generations, after = store._topics._committed_generations(
+        "t", "/t", created, client.get_children("/t/generations")
+    )
+    assert after.mzxid == 5
+    assert client.reads[-1] == "exists /t"
+    client.reads.pop()
+    return generations
 
 
 def _grown(log: GenerationLog, count: int) -> GenerationLog:
@@ -53,18 +69,18 @@ def test_committed_generations_are_read_once_each() -> None:
     log = _grown(_grown(GenerationLog.start(2), 3), 4)
     client = _GenerationsClient(log)
     store._connection.client = client
-    assert store._topics._committed_generations("t", "/t", created=11) == list(log.generations)
+    assert _read_log(store, client, created=11) == list(log.generations)
     assert len(client.reads) == 3
     # A commit adds generation 3: only it is read.
     longer = _grown(log, 5)
     client.nodes = _GenerationsClient(longer).nodes
-    assert store._topics._committed_generations("t", "/t", created=11) == list(longer.generations)
+    assert _read_log(store, client, created=11) == list(longer.generations)
     assert client.reads[3:] == ["/t/generations/0000000003"]
     # The topic made anew under the same name (another czxid): everything is read again.
     client.reads.clear()
     anew = GenerationLog.start(6)
     client.nodes = _GenerationsClient(anew).nodes
-    assert store._topics._committed_generations("t", "/t", created=42) == list(anew.generations)
+    assert _read_log(store, client, created=42) == list(anew.generations)
     assert client.reads == ["/t/generations/0000000000"]
 
 
