@@ -8,8 +8,9 @@ calls, so what a change can touch is read here, not in two adapters of 30 method
 
 One module per domain, not one per service nor one for every service: retirement is the
 last step of a shrink, taken under the same change lock and refused by the same lost
-boundaries, so its ports extend the boundary check's here. The consume path has its
-ports in ``service.consume_context``.
+boundaries, so its ports extend the boundary check's here. Making topics managed and
+following them have theirs in ``service.topic_ports``, the consume path in
+``service.consume_context``.
 """
 
 from __future__ import annotations
