@@ -1,6 +1,6 @@
-"""What making topics managed and following them need of ZooKeeper and Kafka: the ports
-the topic admin (``service.admin``) and the topic registry (``service.registry``) are
-given.
+"""What making topics managed, following them and writing to them need of ZooKeeper and
+Kafka: the ports the topic admin (``service.admin``), the topic registry
+(``service.registry``) and the produce service (``service.produce``) are given.
 
 ``MetadataStore`` and ``KafkaGateway`` are the production ones; the unit tests give
 fakes. Each port names only what its service calls.
@@ -8,8 +8,8 @@ fakes. Each port names only what its service calls.
 One module per domain, as ``service.change_ports`` for a change and its retirement and
 ``service.consume_context`` for the consume path: the admin writes a managed topic's
 first record and the registry follows the records from then on, so what a topic's life
-outside a change touches is read here. Only the registry's ZooKeeper side has a port:
-its ``KafkaGateway`` is handed on whole (to the audit emitter it builds, and to
+outside a change touches is read here. The registry's Kafka side has no port yet: its
+``KafkaGateway`` is handed on whole (to the audit emitter it builds, and to
 ``service.topics``, which reaches Kafka through it).
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from sidecar.adapters.kafka import OutgoingKafkaRecord, SendFailed, SentRecord
 from sidecar.adapters.zookeeper import LockHolder
 from sidecar.core.generations import Generation, PartitionMode
 from sidecar.core.participant import SessionState
@@ -94,3 +95,15 @@ class RegistryStore(Protocol):
     async def ack_barrier(
         self, topic: str, generation: int, sidecar_id: str, acked: Mapping[int, int]
     ) -> None: ...
+
+
+class ProduceKafka(Protocol):
+    """What the produce service asks of Kafka itself, for unmanaged topics: their
+    partition count, and idempotent sends (managed topics go through the registry's
+    transactional writer)."""
+
+    async def partition_count(self, topic: str) -> int: ...
+
+    async def send_batch(
+        self, topic: str, records: Sequence[OutgoingKafkaRecord]
+    ) -> list[SentRecord | SendFailed]: ...
