@@ -48,15 +48,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-from sidecar.core.consume import LastBatch, TopicPartition
-
-
-class Offsetted(Protocol):
-    @property
-    def offset(self) -> int: ...
-
+from sidecar.core.consume import LastBatch, Offsetted, TopicPartition
 
 R = TypeVar("R", bound=Offsetted)
 

@@ -17,6 +17,14 @@ class TopicPartition(NamedTuple):
     partition: int
 
 
+class Offsetted(Protocol):
+    """What the positions model (``core.positions``) and the commit epochs
+    (``core.commit_epochs``) need of a record: its offset."""
+
+    @property
+    def offset(self) -> int: ...
+
+
 class ConsumedRecord(Protocol):
     """A record as a read-committed consumer returns it (aiokafka's ``ConsumerRecord``
     has this shape and is passed through without copying)."""

@@ -51,15 +51,9 @@ import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
-from sidecar.core.consume import LastBatch, TopicPartition
-
-
-class Offsetted(Protocol):
-    @property
-    def offset(self) -> int: ...
-
+from sidecar.core.consume import LastBatch, Offsetted, TopicPartition
 
 R = TypeVar("R", bound=Offsetted)
 

@@ -227,13 +227,13 @@ def decode_produce_request(
         records=records,
         expected_generation=_agreed(
             _body_int(document, "expected_generation", 0, MAX_GENERATION),
-            header_int(headers, EXPECTED_GENERATION_HEADER, 0, MAX_GENERATION),
+            request_header_int(headers, EXPECTED_GENERATION_HEADER, 0, MAX_GENERATION),
             "expected_generation",
             EXPECTED_GENERATION_HEADER,
         ),
         expected_count=_agreed(
             _body_int(document, "expected_partition_count", 1, MAX_PARTITION),
-            header_int(headers, EXPECTED_COUNT_HEADER, 1, MAX_PARTITION),
+            request_header_int(headers, EXPECTED_COUNT_HEADER, 1, MAX_PARTITION),
             "expected_partition_count",
             EXPECTED_COUNT_HEADER,
         ),
@@ -375,7 +375,7 @@ def _body_int(document: Mapping[str, object], field: str, low: int, high: int) -
     return raw
 
 
-def header_int(headers: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+def request_header_int(headers: Mapping[str, str], name: str, low: int, high: int) -> int | None:
     raw = _single_header(headers, name)
     if raw is None:
         return None

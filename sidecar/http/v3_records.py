@@ -71,7 +71,7 @@ from sidecar.http.produce_codec import (
     IDEMPOTENCY_KEY_HEADER,
     MAX_GENERATION,
     MAX_PARTITION,
-    header_int,
+    request_header_int,
 )
 from sidecar.http.topic_routes import TOPICS_KEY
 from sidecar.metrics import SidecarMetrics
@@ -194,10 +194,12 @@ class _Producer:
         self.cluster_id = cluster_id
         self.topic = topic
         self.max_record_bytes = self.settings.http.max_body_bytes
-        self.expected_generation = header_int(
+        self.expected_generation = request_header_int(
             request.headers, EXPECTED_GENERATION_HEADER, 0, MAX_GENERATION
         )
-        self.expected_count = header_int(request.headers, EXPECTED_COUNT_HEADER, 1, MAX_PARTITION)
+        self.expected_count = request_header_int(
+            request.headers, EXPECTED_COUNT_HEADER, 1, MAX_PARTITION
+        )
         self._waiting: list[tuple[v3_codec.V3Record, asyncio.Future[Answer]]] = []
         self._wakeup = asyncio.Event()
         self._closed = False

@@ -11,8 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sidecar.adapters.kafka import KafkaGateway, TopicExists
-from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.adapters.kafka import TopicExists
 from sidecar.audit import events as audit_events
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.core import names
@@ -21,6 +20,7 @@ from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.procedures import MAX_PARTITION_COUNT
 from sidecar.core.topics import TopicConfig, TopicState
 from sidecar.metrics import SidecarMetrics
+from sidecar.service.topic_ports import AdminKafka, AdminStore
 
 MAX_REPLICATION_FACTOR = 2**15 - 1
 
@@ -54,8 +54,8 @@ class CreateTopic:
 class TopicAdmin:
     def __init__(
         self,
-        store: MetadataStore,
-        kafka: KafkaGateway,
+        store: AdminStore,
+        kafka: AdminKafka,
         metrics: SidecarMetrics,
         audit: AuditEmitter | None = None,
     ) -> None:

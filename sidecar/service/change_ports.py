@@ -1,9 +1,16 @@
 """What a partition-count change needs of ZooKeeper and Kafka: the ports the change
-runner (``service.changes``) and the boundary check (``service.boundaries``) are given.
+runner (``service.changes``), the boundary check (``service.boundaries``) and the
+retirer (``service.retirement``) are given.
 
 ``MetadataStore`` and ``KafkaGateway`` are the production ones; the unit tests give
 fakes that hold the same records in memory. Each port names only what its service
 calls, so what a change can touch is read here, not in two adapters of 30 methods.
+
+One module per domain, not one per service nor one for every service: retirement is the
+last step of a shrink, taken under the same change lock and refused by the same lost
+boundaries, so its ports extend the boundary check's here. Making topics managed and
+following them have theirs in ``service.topic_ports``, the consume path in
+``service.consume_context``.
 """
 
 from __future__ import annotations
@@ -89,6 +96,39 @@ class ChangeStore(TruncationStore, Protocol):
         delete_after: tuple[float | None, ...],
         operation: Operation,
     ) -> None: ...
+
+
+class RetirementStore(TruncationStore, Protocol):
+    """What a retirement round reads and writes: the consumer groups and the revocations
+    they acknowledged, and the partitions' modes, changed under the topic's change lock."""
+
+    def lock(
+        self, topic: str, owner: str, timeout: float, purpose: str = "change"
+    ) -> AbstractAsyncContextManager[None]: ...
+
+    async def known_groups(self) -> list[str]: ...
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]: ...
+
+    async def set_partitions(
+        self,
+        topic: str,
+        modes: tuple[PartitionMode, ...],
+        delete_after: tuple[float | None, ...],
+    ) -> None: ...
+
+
+class RetirementKafka(EpochEnds, Protocol):
+    """What a retirement round asks of Kafka: where the read-only partitions start and
+    end, how far each group consumed them, and their records deleted once drained."""
+
+    async def log_start_offsets(self, topic: str, count: int) -> list[int]: ...
+
+    async def end_offsets(self, topic: str, count: int) -> list[int]: ...
+
+    async def committed_offsets(self, group: str, topic: str, count: int) -> dict[int, int]: ...
+
+    async def delete_records(self, topic: str, before: Mapping[int, int]) -> dict[int, int]: ...
 
 
 class ChangeKafka(EpochEnds, Protocol):

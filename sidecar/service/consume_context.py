@@ -4,16 +4,20 @@ The consume path talks to the topic registry (managed topics' runtimes), the gro
 ZooKeeper records, the group's Kafka offsets, the audit emitter and the metrics, and
 starts its adapters through the two factories here; nothing else of the sidecar.
 Unit tests give fakes of each.
+
+The consume domain's ports are all here, the adapters the factories start included
+(``InstanceConsumer``: the group consumer; ``AppCallbacks``: the callback client): the
+components speak these, and only ``sidecar.compose`` names the adapters that fill them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from sidecar.adapters.callbacks import CallbackClient, CallbackMessage
-from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions
+from sidecar.adapters.callbacks import CallbackMessage
+from sidecar.adapters.group_consumer import Fetched, GroupConsumerOptions, RebalanceHandler
 from sidecar.adapters.kafka import OffsetAndEpoch
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.config import ConsumerSettings
@@ -135,8 +139,77 @@ class ConsumerMetrics:
             ).inc()
 
 
-StartConsumer = Callable[[GroupConsumerOptions], Awaitable[GroupConsumer]]
-NewCallbackClient = Callable[[str, float], CallbackClient]
+class InstanceConsumer(Protocol):
+    """The instance's Kafka group consumer (``GroupConsumer``): its subscription or
+    manual assignment, fetches, positions and seeks, and the group's commits."""
+
+    def subscribe(
+        self, topics: Sequence[str], pattern: str | None, handler: RebalanceHandler
+    ) -> None: ...
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None: ...
+
+    def subscription(self) -> set[str]: ...
+
+    def assignment(self) -> set[TopicPartition]: ...
+
+    def incarnation(self) -> int: ...
+
+    def request_rejoin(self) -> None: ...
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None: ...
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None: ...
+
+    async def fetch(self, timeout_ms: int) -> Fetched: ...
+
+    def highwater(self, tp: TopicPartition) -> int | None: ...
+
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int], epochs: Mapping[TopicPartition, int | None]
+    ) -> None: ...
+
+    async def committed(self, tp: TopicPartition) -> int | None: ...
+
+    async def committed_epochs(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndEpoch]: ...
+
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int | None]: ...
+
+    async def end_offset(self, tp: TopicPartition) -> int: ...
+
+    def seek(self, tp: TopicPartition, offset: int) -> None: ...
+
+    async def seek_to(self, partitions: Sequence[TopicPartition], *, beginning: bool) -> None: ...
+
+    async def position(self, tp: TopicPartition) -> int: ...
+
+    async def stop(self) -> None: ...
+
+
+class AppCallbacks(Protocol):
+    """Posts to the app's callback URL (``CallbackClient``): hand-off events and, if the
+    app asked for them, assignment notices."""
+
+    @property
+    def timeout_s(self) -> float: ...
+
+    async def post(
+        self,
+        message: CallbackMessage,
+        *,
+        within_s: float,
+        still_needed: Callable[[], Awaitable[bool]] | None = None,
+    ) -> str | None: ...
+
+    async def close(self) -> None: ...
+
+
+StartConsumer = Callable[[GroupConsumerOptions], Awaitable[InstanceConsumer]]
+NewCallbackClient = Callable[[str, float], AppCallbacks]
 """A callback client for (url, timeout_s)."""
 
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.core.commit_epochs import CommitEpochs
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import ConsumerStateConflict
 from sidecar.core.handoff import HandoffLedger, Notice
 from sidecar.core.positions import Positions
+from sidecar.service.consume_context import InstanceConsumer
 
 
 class NoticeQueue:
@@ -91,7 +91,7 @@ class ConsumeState:
         self.epochs = CommitEpochs()
         """The leader epochs of what was read in each partition: what a commit carries
         (``sidecar.core.commit_epochs``)."""
-        self.consumer: GroupConsumer | None = None
+        self.consumer: InstanceConsumer | None = None
         """The instance's Kafka consumer, from its first subscription or manual
         assignment until it unsubscribes or closes."""
         self.manual: list[TopicPartition] = []
@@ -107,7 +107,7 @@ class ConsumeState:
         """Set after a stall of this process until the group's next assignment (see
         ``fence``)."""
 
-    def require_consumer(self) -> GroupConsumer:
+    def require_consumer(self) -> InstanceConsumer:
         """Raises ConsumerStateConflict if the instance has no Kafka consumer."""
         if self.consumer is None:
             raise ConsumerStateConflict("the instance is neither subscribed nor assigned")

@@ -15,11 +15,10 @@ import asyncio
 import logging
 from typing import Any
 
-from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.adapters.record_epochs import leader_epoch_of
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.positions import Fetch
-from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.consume_context import ConsumeContext, InstanceConsumer
 from sidecar.service.consume_state import ConsumeState
 from sidecar.service.notices import AssignmentNotices
 from sidecar.service.truncation_check import TruncationCheck
@@ -47,7 +46,7 @@ class Fetcher:
         self._fetching: asyncio.Future[Fetch[ConsumedRecord]] | None = None
         """A fetch still waiting for a rebalance to end, taken up by the next poll."""
 
-    async def fetch(self, consumer: GroupConsumer, wait_s: float) -> None:
+    async def fetch(self, consumer: InstanceConsumer, wait_s: float) -> None:
         """Take what the consumer fetches within ``wait_s`` into the positions model.
         Raises KafkaUnavailable."""
         positions = self.state.positions
@@ -125,7 +124,7 @@ class Fetcher:
                 fetched.last_batches.get(tp),
             )
 
-    async def _fetch(self, consumer: GroupConsumer, wait_s: float) -> Fetch[ConsumedRecord]:
+    async def _fetch(self, consumer: InstanceConsumer, wait_s: float) -> Fetch[ConsumedRecord]:
         fetched = await consumer.fetch(timeout_ms=int(wait_s * 1000))
         # Read in the same step as the fetch returned, before a seek can run: a fetch
         # taken after a later seek of its partition is dropped.

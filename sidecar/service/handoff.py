@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from sidecar.adapters.callbacks import CallbackClient
 from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import CallbackFailed, ConsumerStateConflict, SidecarError
@@ -26,7 +25,7 @@ from sidecar.core.handoff import (
     Revocation,
     Subject,
 )
-from sidecar.service.consume_context import GroupStore
+from sidecar.service.consume_context import AppCallbacks, GroupStore
 from sidecar.service.consume_state import ConsumeState
 
 _log = logging.getLogger(__name__)
@@ -37,7 +36,7 @@ class HandoffTeller:
         self,
         state: ConsumeState,
         store: GroupStore,
-        callbacks: CallbackClient | None,
+        callbacks: AppCallbacks | None,
         *,
         patience_s: float = ConsumerSettings().callback_patience_s,
     ) -> None:

@@ -24,12 +24,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sidecar.adapters.callbacks import CallbackClient
-from sidecar.adapters.group_consumer import GroupConsumer, GroupConsumerOptions
+from sidecar.adapters.group_consumer import GroupConsumerOptions
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
 from sidecar.core.positions import Positions
-from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.consume_context import AppCallbacks, ConsumeContext, InstanceConsumer
 from sidecar.service.consume_state import ConsumeState
 from sidecar.service.fetcher import Fetcher
 from sidecar.service.handoff import HandoffTeller
@@ -83,7 +82,7 @@ class ConsumerInstance:
         beside the request that holds ``_lock`` (it may wait for the app's next poll)."""
         self.subscription: list[str] = []
         self.pattern: str | None = None
-        self._callbacks: CallbackClient | None = None
+        self._callbacks: AppCallbacks | None = None
         if config.callback_url is not None:
             self._callbacks = context.callback_client(
                 config.callback_url, config.callback_timeout_s
@@ -435,7 +434,7 @@ class ConsumerInstance:
             await consumer.stop()
             self.state.consumer = None
 
-    async def _ensure_consumer(self) -> GroupConsumer:
+    async def _ensure_consumer(self) -> InstanceConsumer:
         consumer = self.state.consumer
         if consumer is None:
             consumer = self.state.consumer = await self.context.start_consumer(
@@ -449,7 +448,7 @@ class ConsumerInstance:
             )
         return consumer
 
-    def _require_subscribed(self) -> GroupConsumer:
+    def _require_subscribed(self) -> InstanceConsumer:
         consumer = self.state.require_consumer()
         if not (self.subscription or self.pattern or self.state.manual):
             raise ConsumerStateConflict("the instance is neither subscribed nor assigned")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from sidecar.adapters.callbacks import CallbackClient
 from sidecar.core.consume import TopicPartition
 from sidecar.core.handoff import (
     AssignmentCallback,
@@ -23,13 +22,14 @@ from sidecar.core.handoff import (
     Notice,
     TruncationNotice,
 )
+from sidecar.service.consume_context import AppCallbacks
 from sidecar.service.consume_state import ConsumeState
 
 _log = logging.getLogger(__name__)
 
 
 class AssignmentNotices:
-    def __init__(self, state: ConsumeState, callbacks: CallbackClient | None) -> None:
+    def __init__(self, state: ConsumeState, callbacks: AppCallbacks | None) -> None:
         self.state = state
         """The instance's shared state: its ``notices`` hold what is queued for a
         response and which partitions were told assigned."""

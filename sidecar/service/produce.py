@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
+from sidecar.adapters.kafka import OutgoingKafkaRecord, SendFailed, SentRecord
 from sidecar.adapters.transactions import Outcome, WriteResult
 from sidecar.audit import events as audit_events
 from sidecar.audit.events import key_sampled
@@ -53,6 +53,7 @@ from sidecar.core.produce import ProduceRequest, ProduceResult, RecordFailed, Re
 from sidecar.core.routing import default_partition
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.registry import TopicRegistry, TopicRuntime
+from sidecar.service.topic_ports import ProduceKafka
 
 _log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class ProduceService:
         self,
         settings: Settings,
         registry: TopicRegistry,
-        kafka: KafkaGateway,
+        kafka: ProduceKafka,
         metrics: SidecarMetrics,
     ) -> None:
         self.settings = settings

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field, replace
 
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.transactions import TransactionalWriter
-from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.config import Settings
 from sidecar.core.backoff import jittered
@@ -48,6 +47,7 @@ from sidecar.core.procedures import TransactionalId, incarnation_ids
 from sidecar.core.topics import PendingBarrier, TopicState
 from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
+from sidecar.service.topic_ports import RegistryStore
 
 _log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class TopicRegistry:
     def __init__(
         self,
         settings: Settings,
-        store: MetadataStore,
+        store: RegistryStore,
         kafka: KafkaGateway,
         metrics: SidecarMetrics,
         faults: FaultHooks | None = None,

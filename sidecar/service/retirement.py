@@ -29,8 +29,6 @@ from __future__ import annotations
 import logging
 import time
 
-from sidecar.adapters.kafka import KafkaGateway
-from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.core.generations import (
     PartitionMode,
@@ -42,6 +40,7 @@ from sidecar.core.generations import (
 from sidecar.core.handoff import revocations_due
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.boundaries import BoundaryCheck
+from sidecar.service.change_ports import RetirementKafka, RetirementStore
 
 _log = logging.getLogger(__name__)
 
@@ -50,8 +49,8 @@ class Retirer:
     def __init__(
         self,
         sidecar_id: str,
-        store: MetadataStore,
-        kafka: KafkaGateway,
+        store: RetirementStore,
+        kafka: RetirementKafka,
         metrics: SidecarMetrics,
         *,
         lock_timeout_s: float = 0.5,

@@ -46,7 +46,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.adapters.record_epochs import NO_EPOCH, leader_epoch_of
 from sidecar.audit import events as audit_events
 from sidecar.core.consume import ConsumedRecord, TopicPartition
@@ -54,7 +53,7 @@ from sidecar.core.errors import SidecarError
 from sidecar.core.handoff import TruncationNotice
 from sidecar.core.positions import Fetch
 from sidecar.core.truncation import ConsumerTruncation, consumer_truncation
-from sidecar.service.consume_context import ConsumeContext
+from sidecar.service.consume_context import ConsumeContext, InstanceConsumer
 from sidecar.service.consume_state import ConsumeState
 from sidecar.service.notices import AssignmentNotices
 
@@ -128,7 +127,7 @@ class TruncationCheck:
                 asked[tp] = last
         return asked
 
-    async def validate(self, consumer: GroupConsumer, fetch: Fetch[ConsumedRecord]) -> None:
+    async def validate(self, consumer: InstanceConsumer, fetch: Fetch[ConsumedRecord]) -> None:
         """Before ``fetch`` is taken: move back every partition whose log was cut below
         what was read, or below the group's commit its reading began at (its records in
         ``fetch`` are then not taken). A partition whose leader cannot be asked now is
@@ -156,7 +155,7 @@ class TruncationCheck:
                     await self._read_again(consumer, TopicPartition(topic, partition), last, found)
 
     async def _read_commits(
-        self, consumer: GroupConsumer, fetch: Fetch[ConsumedRecord]
+        self, consumer: InstanceConsumer, fetch: Fetch[ConsumedRecord]
     ) -> dict[TopicPartition, LastRead]:
         """For each partition of ``fetch`` (one it read, or whose position it reports)
         whose reading began at the group's committed offset (the assignment's start, no
@@ -227,7 +226,7 @@ class TruncationCheck:
 
     async def _read_again(
         self,
-        consumer: GroupConsumer,
+        consumer: InstanceConsumer,
         tp: TopicPartition,
         last: LastRead,
         found: ConsumerTruncation | None,

@@ -63,7 +63,7 @@ from tests.unit.http.consumer_support import BINARY_V2, JSON_V2, V2, body
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumedRecord:
+class Record:
     """A record to deliver, as the service hands one over (``core.consume.ConsumedRecord``
     is the shape the encoder needs). ``value`` None is a tombstone; ``key`` None is no key."""
 
@@ -395,9 +395,9 @@ def test_accept_that_does_not_fit_is_refused(
 
 def test_binary_records_are_base64_and_rest_proxy_shaped() -> None:
     records = [
-        ConsumedRecord("orders", 3, 41, key=b"\x00k", value=b"\xffv"),
-        ConsumedRecord("orders", 3, 42, key=None, value=None),
-        ConsumedRecord("orders", 4, 0, key=b"", value=b"", headers=(("h", b"x"), ("n", None))),
+        Record("orders", 3, 41, key=b"\x00k", value=b"\xffv"),
+        Record("orders", 3, 42, key=None, value=None),
+        Record("orders", 4, 0, key=b"", value=b"", headers=(("h", b"x"), ("n", None))),
     ]
     assert encode_records_response(records, EmbeddedFormat.BINARY) == (
         b'[{"topic":"orders","key":"AGs=","value":"/3Y=","partition":3,"offset":41},'
@@ -407,7 +407,7 @@ def test_binary_records_are_base64_and_rest_proxy_shaped() -> None:
     )
 
 
-MANAGED_RECORD = ConsumedRecord(
+MANAGED_RECORD = Record(
     "orders",
     1,
     7,
@@ -450,9 +450,7 @@ def test_record_headers_keeps_the_headers_asked_for(
 
 
 def test_a_record_with_only_sidecar_headers_has_the_plain_shape_for_app() -> None:
-    record = ConsumedRecord(
-        "orders", 0, 1, key=None, value=b"", headers=(("Ordered.Generation", b"1"),)
-    )
+    record = Record("orders", 0, 1, key=None, value=b"", headers=(("Ordered.Generation", b"1"),))
     assert encode_records_response([record], EmbeddedFormat.BINARY, RecordHeaders.APP) == (
         b'[{"topic":"orders","key":null,"value":"","partition":0,"offset":1}]'
     )
@@ -460,11 +458,9 @@ def test_a_record_with_only_sidecar_headers_has_the_plain_shape_for_app() -> Non
 
 def test_json_records_embed_the_json_text_as_it_is() -> None:
     records = [
-        ConsumedRecord(
-            "t", 0, 1, key=b'"user-1"', value=b' {"n": 1e400, "big": 1' + b"0" * 5000 + b"}\n"
-        ),
-        ConsumedRecord("t", 0, 2, key=None, value=None),
-        ConsumedRecord("t", 0, 3, key=b"", value='["é", "\\ud800"]'.encode()),
+        Record("t", 0, 1, key=b'"user-1"', value=b' {"n": 1e400, "big": 1' + b"0" * 5000 + b"}\n"),
+        Record("t", 0, 2, key=None, value=None),
+        Record("t", 0, 3, key=b"", value='["é", "\\ud800"]'.encode()),
     ]
     encoded = encode_records_response(records, EmbeddedFormat.JSON)
     assert encoded == (
@@ -490,7 +486,7 @@ def test_json_records_embed_the_json_text_as_it_is() -> None:
     ],
 )
 def test_json_records_that_are_not_json_are_refused_by_name(value: bytes, reason: str) -> None:
-    records = [ConsumedRecord("t", 0, 0, None, b"1"), ConsumedRecord("orders", 3, 41, None, value)]
+    records = [Record("t", 0, 0, None, b"1"), Record("orders", 3, 41, None, value)]
     with pytest.raises(
         InvalidRecord, match=re.escape("record orders-3 offset 41: value is not JSON (")
     ) as caught:
@@ -500,14 +496,14 @@ def test_json_records_that_are_not_json_are_refused_by_name(value: bytes, reason
 
 
 def test_a_key_that_is_not_json_names_the_key() -> None:
-    record = ConsumedRecord("t", 1, 2, key=b"k", value=b"{}")
+    record = Record("t", 1, 2, key=b"k", value=b"{}")
     with pytest.raises(InvalidRecord, match="record t-1 offset 2: key is not JSON"):
         encode_records_response([record], EmbeddedFormat.JSON)
 
 
 def test_key_events_sit_among_records_in_order() -> None:
-    items: list[ConsumedRecord | KeyEvent] = [
-        ConsumedRecord("t", 1, 9, key=None, value=b"1"),
+    items: list[Record | KeyEvent] = [
+        Record("t", 1, 9, key=None, value=b"1"),
         KeyEvent(KeyEventType.KEYS_REVOKED, "t", 1, generation=4, event_id=7),
         KeyEvent(KeyEventType.KEYS_ASSIGNED, "t", 5, generation=4, event_id=8),
     ]
@@ -531,11 +527,11 @@ def test_key_events_sit_among_records_in_order() -> None:
 
 
 def test_assignment_notices_have_no_event_id() -> None:
-    items: list[ConsumedRecord | KeyEvent | RebalanceNotice] = [
+    items: list[Record | KeyEvent | RebalanceNotice] = [
         RebalanceNotice(
             AssignmentNoticeType.PARTITIONS_ASSIGNED, (PartitionRef("t", 0), PartitionRef("t", 2))
         ),
-        ConsumedRecord("t", 2, 0, key=None, value=b"1"),
+        Record("t", 2, 0, key=None, value=b"1"),
         RebalanceNotice(AssignmentNoticeType.PARTITIONS_REVOKED, (PartitionRef("t", 2),)),
     ]
     assert json.loads(encode_records_response(items, EmbeddedFormat.JSON)) == [
@@ -549,9 +545,9 @@ def test_assignment_notices_have_no_event_id() -> None:
 
 
 def test_a_truncation_notice_says_where_reading_resumes_and_what_was_lost() -> None:
-    items: list[ConsumedRecord | KeyEvent | RebalanceNotice | TruncationNotice] = [
+    items: list[Record | KeyEvent | RebalanceNotice | TruncationNotice] = [
         TruncationNotice(TopicPartition("t", 1), 10, 1, 7, 3),
-        ConsumedRecord("t", 1, 7, key=None, value=b"1"),
+        Record("t", 1, 7, key=None, value=b"1"),
         TruncationNotice(TopicPartition("t", 2), 4, 0, None, 0),
     ]
     assert json.loads(encode_records_response(items, EmbeddedFormat.JSON)) == [
@@ -824,7 +820,7 @@ def test_any_bytes_survive_the_binary_records_encoding(
     def decoded(data: str | None) -> bytes | None:
         return None if data is None else base64.b64decode(data, validate=True)
 
-    record = ConsumedRecord("t", partition, offset, key, value, tuple(headers))
+    record = Record("t", partition, offset, key, value, tuple(headers))
     # Every header, the reserved ``ordered.*`` names too (the default keeps the app's).
     encoded = encode_records_response([record], EmbeddedFormat.BINARY, RecordHeaders.ALL)
     (entry,) = json.loads(encoded)
@@ -838,7 +834,7 @@ def test_any_json_value_survives_the_json_records_encoding(key: object, value: o
     def stored(document: object) -> bytes:
         return json.dumps(document, ensure_ascii=False).encode("utf-8")
 
-    record = ConsumedRecord("t", 0, 0, stored(key), stored(value))
+    record = Record("t", 0, 0, stored(key), stored(value))
     (entry,) = json.loads(encode_records_response([record], EmbeddedFormat.JSON))
     assert (entry["key"], entry["value"]) == (key, value)
 

@@ -1,6 +1,6 @@
 """The change's ports are what the production adapters offer: every method a port names
 exists on ``MetadataStore`` or ``KafkaGateway`` with the same parameters and the same
-kind (coroutine or not). mypy checks the types where the runner is built
+kind (coroutine or not). mypy checks the types where the runner and the retirer are built
 (``sidecar.compose``); this checks the names and parameters at run time too, so a port
 cannot drift from its adapter in a way a fake would hide."""
 
@@ -12,7 +12,14 @@ import pytest
 
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
-from sidecar.service.change_ports import ChangeKafka, ChangeStore, EpochEnds, TruncationStore
+from sidecar.service.change_ports import (
+    ChangeKafka,
+    ChangeStore,
+    EpochEnds,
+    RetirementKafka,
+    RetirementStore,
+    TruncationStore,
+)
 
 
 def _members(port: type) -> dict[str, object]:
@@ -35,6 +42,8 @@ def _members(port: type) -> dict[str, object]:
         (TruncationStore, MetadataStore),
         (ChangeKafka, KafkaGateway),
         (EpochEnds, KafkaGateway),
+        (RetirementStore, MetadataStore),
+        (RetirementKafka, KafkaGateway),
     ],
 )
 def test_every_method_of_a_port_is_the_adapters(port: type, adapter: type) -> None:
@@ -52,3 +61,8 @@ def test_every_method_of_a_port_is_the_adapters(port: type, adapter: type) -> No
 def test_a_change_store_includes_what_the_boundary_check_reads() -> None:
     assert set(_members(TruncationStore)) <= set(_members(ChangeStore))
     assert set(_members(EpochEnds)) <= set(_members(ChangeKafka))
+
+
+def test_a_retirement_is_refused_by_the_same_boundary_check() -> None:
+    assert set(_members(TruncationStore)) <= set(_members(RetirementStore))
+    assert set(_members(EpochEnds)) <= set(_members(RetirementKafka))

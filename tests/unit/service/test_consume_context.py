@@ -3,8 +3,9 @@
 ``ConsumerMetrics`` is checked over a real ``SidecarMetrics``: which series each event
 of the consume path moves, by how much, and that topics and groups are labelled
 through the registry's bounds. The ports (``ManagedTopics``, ``GroupStore``,
-``GroupOffsets``) are checked against the adapters the sidecar fills them with, so a
-fake of a port in the unit tests cannot drift from what runs.
+``GroupOffsets``, ``InstanceConsumer``, ``AppCallbacks``) are checked against the
+adapters the sidecar fills them with, so a fake of a port in the unit tests cannot drift
+from what runs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sidecar.adapters.callbacks import CallbackClient
+from sidecar.adapters.group_consumer import GroupConsumer
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.config import MetricsSettings
@@ -33,12 +36,15 @@ from sidecar.core.handoff import (
 from sidecar.core.placement import RELOCATION_HEADER, SIDECAR_HEADER, STAMP_HEADER
 from sidecar.metrics import OTHER_GROUP, OTHER_TOPIC, SidecarMetrics
 from sidecar.service.consume_context import (
+    AppCallbacks,
     ConsumerMetrics,
     GroupOffsets,
     GroupStore,
+    InstanceConsumer,
     ManagedTopics,
 )
 from sidecar.service.registry import TopicRegistry
+from tests.support.ports import assert_adapter_offers
 from tests.unit.service import fakes
 
 TP0 = TopicPartition("orders", 0)
@@ -223,6 +229,13 @@ def _ports(
     return registry, store, kafka
 
 
+def _started_ports(
+    consumer: GroupConsumer, callbacks: CallbackClient
+) -> tuple[InstanceConsumer, AppCallbacks]:
+    # Checked by mypy: the adapters the factories start fill the ports.
+    return consumer, callbacks
+
+
 def _methods(port: type) -> list[str]:
     return [
         name
@@ -246,6 +259,13 @@ def test_each_port_method_is_an_adapter_coroutine_with_the_same_parameters(
         assert list(inspect.signature(actual).parameters) == list(
             inspect.signature(wanted).parameters
         ), name
+
+
+@pytest.mark.parametrize(
+    ("port", "adapter"), [(InstanceConsumer, GroupConsumer), (AppCallbacks, CallbackClient)]
+)
+def test_the_started_adapters_offer_what_their_ports_name(port: type, adapter: type) -> None:
+    assert_adapter_offers(port, adapter)
 
 
 def test_the_fakes_of_the_ports_have_their_methods() -> None:
