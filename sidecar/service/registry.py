@@ -1,5 +1,5 @@
 """The topic registry: the managed topics as this sidecar knows them, their
-participants, barrier acks, and the writer's incarnations.
+participants and barrier acks, and recovery after a lost session or a fence.
 
 This is the glue between the pure core and the adapters. Per managed topic it keeps
 the topic's shared state (read from ZooKeeper) and a ``Participant`` (the core's
@@ -11,12 +11,10 @@ disagree.
 The produce service (``sidecar.service.produce``) and the consume path read the
 runtimes kept here; a produce is admitted only when its topic's participant says so.
 
-Managed topics are written through transactional producers (DESIGN §5, fencing)
-whose transactional ids (one per lane) are registered with this sidecar's ZooKeeper
-registration: a coordinator fences every registered id no live sidecar names before it
-reads a change's boundaries. Each new session, and each time the writer turns out
-fenced, the sidecar takes new ids (an *incarnation*): it registers them, initialises
-them, and re-reads the metadata before it writes again.
+Managed topics are written through transactional producers whose ids name an
+*incarnation* (``sidecar.service.incarnations``). Each new session, and each time the
+writer turns out fenced, the sidecar takes a new incarnation and re-reads every topic's
+metadata before it writes again (``_recover``).
 """
 
 from __future__ import annotations
@@ -34,19 +32,13 @@ from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.audit.emitter import AuditEmitter
 from sidecar.config import Settings
 from sidecar.core.backoff import jittered
-from sidecar.core.errors import (
-    KafkaUnavailable,
-    MetadataUnavailable,
-    ProducerFenced,
-    SidecarError,
-    UnknownTopic,
-)
+from sidecar.core.errors import MetadataUnavailable, SidecarError, UnknownTopic
 from sidecar.core.generations import assignable_partitions
 from sidecar.core.participant import Participant, SessionState
-from sidecar.core.procedures import TransactionalId, incarnation_ids
 from sidecar.core.topics import PendingBarrier, TopicState
 from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
+from sidecar.service.incarnations import WriterIncarnations
 from sidecar.service.topic_ports import RegistryStore
 
 _log = logging.getLogger(__name__)
@@ -100,16 +92,15 @@ class TopicRegistry:
         self._waiting_for: str | None = "kafka"
         """The step of ``start`` in progress (None once started)."""
         self.audit = AuditEmitter(settings.audit, settings.sidecar_id, kafka, metrics)
-        self.writer: TransactionalWriter | None = None
-        """Writes managed topics; None while it is being replaced."""
-        self._incarnation = 0
-        self._registered: tuple[TransactionalId, ...] = ()
-        """The transactional ids this sidecar's registration names (or will, once the
-        store has registered again after a lost session)."""
-        self._retired: set[TransactionalId] = set()
-        """Ids of writers closed cleanly, to drop from the registry once ZooKeeper answers."""
+        self.incarnations = WriterIncarnations(
+            settings,
+            store,
+            metrics,
+            on_fenced=self._on_writer_fenced,
+            spawn=self.spawn,
+            faults=self.faults,
+        )
         self._recovering = asyncio.Lock()
-        self._started_at = time.time()
         self._assignable_listeners: list[Callable[[str], None]] = []
         self._changed_callbacks: dict[str, Callable[[], None]] = {}
         """Per topic, what its reads arm their watches with (``_changed_callback``)."""
@@ -142,21 +133,9 @@ class TopicRegistry:
             )
         if "producers" not in self._started_steps:
             self._waiting_for = "producers"
-            transactional_ids = self.transactional_ids
-            await self.store.register_sidecar(
-                self.sidecar_id, self._registration_info(), transactional_ids
-            )
-            self._registered = transactional_ids
+            await self.incarnations.register()
             self._started_steps.add("producers")
-            try:
-                self.writer = await self._start_writer(transactional_ids)
-            except (KafkaUnavailable, ProducerFenced) as exc:
-                # Kafka's transaction coordinator can take a while (a broker just
-                # restarted, a loaded cluster): the sidecar starts, not ready and holding
-                # managed produces, and initialises the producer in the background.
-                _log.warning("transactional producer not initialised yet: %s", exc.message)
-                if isinstance(exc, ProducerFenced):
-                    self._incarnation += 1
+            if not await self.incarnations.first_writer():
                 self.spawn(self._recover())
         self._waiting_for = "topics"
         await self.refresh_topic_list()
@@ -182,8 +161,7 @@ class TopicRegistry:
             waiting.append("kafka")
         if self.store.session_state is not SessionState.CONNECTED:
             waiting.append("zookeeper")
-        writer = self.writer
-        if writer is None or writer.fenced:
+        if not self.incarnations.writing:
             waiting.append("producers")
         if self._waiting_for == "topics" and not waiting:
             waiting.append("topics")
@@ -198,12 +176,7 @@ class TopicRegistry:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        writer, self.writer = self.writer, None
-        if writer is not None:
-            await writer.stop()  # commits what is queued
-            if not writer.fenced:
-                self._retired.update(map(TransactionalId, writer.transactional_ids))
-        await self._forget_retired()
+        await self.incarnations.stop()  # commits what is queued
         await self.audit.stop()
         # The gateway flushes in-flight sends before it closes.
         await self.kafka.stop()
@@ -211,12 +184,10 @@ class TopicRegistry:
 
     @property
     def ready(self) -> bool:
-        writer = self.writer
         return (
             self._ready
             and self.store.session_state is SessionState.CONNECTED
-            and writer is not None
-            and not writer.fenced
+            and self.incarnations.writing
         )
 
     @property
@@ -230,32 +201,13 @@ class TopicRegistry:
         return self.store.session_state
 
     @property
-    def transactional_ids(self) -> tuple[TransactionalId, ...]:
-        """The ids of this incarnation's transactional producers, one per lane."""
-        kafka = self.settings.kafka
-        return incarnation_ids(
-            kafka.client_id, self.sidecar_id, self._incarnation, kafka.transaction_lanes
-        )
+    def writer(self) -> TransactionalWriter | None:
+        """The writer of managed topics; None while it is being replaced."""
+        return self.incarnations.writer
 
-    def _registration_info(self) -> dict[str, object]:
-        return {
-            "started_at": self._started_at,
-            "http_port": self.settings.http.port,
-            "incarnation": self._incarnation,
-        }
-
-    async def _start_writer(
-        self, transactional_ids: tuple[TransactionalId, ...]
-    ) -> TransactionalWriter:
-        writer = TransactionalWriter(
-            self.settings.kafka,
-            transactional_ids,
-            on_fenced=self._on_writer_fenced,
-            faults=self.faults,
-        )
-        await writer.start()
-        self.metrics.producer_incarnations.inc()
-        return writer
+    @writer.setter
+    def writer(self, writer: TransactionalWriter | None) -> None:
+        self.incarnations.writer = writer
 
     # Managed topics -------------------------------------------------------------------------
 
@@ -429,37 +381,17 @@ class TopicRegistry:
             runtime.participant = runtime.participant.session_changed(session)
             runtime.notify()
         if session is SessionState.LOST:
-            # A coordinator may fence this incarnation's id any time from now on: the next
-            # session registers a new one (the store registers it before telling us).
-            self._incarnation += 1
-            self._registered = self.transactional_ids
-            self.store.prepare_registration(
-                self.sidecar_id, self._registration_info(), self._registered
-            )
-            self._retire_writer()
+            self.incarnations.session_lost()
         if session is SessionState.CONNECTED:
             self.spawn(self._recover())
 
     def _on_writer_fenced(self) -> None:
         """A coordinator fenced this sidecar's producer (it was taken for a zombie), or the
         producer retired itself after settling a doubt (which may have undone a fence)."""
-        _log.warning("the transactional producer of %s was fenced or retired", self.sidecar_id)
         for runtime in self.topics.values():
             runtime.participant = runtime.participant.producer_replaced()
             runtime.notify()
         self.spawn(self._recover())
-
-    def _retire_writer(self) -> None:
-        writer, self.writer = self.writer, None
-        if writer is not None:
-            self.spawn(self._close_writer(writer))
-
-    async def _close_writer(self, writer: TransactionalWriter) -> None:
-        # Its queued transactions end (committed, or refused if fenced meanwhile); after
-        # that nothing can be written with its id, which may leave the registry.
-        await writer.stop()
-        if not writer.fenced:
-            self._retired.update(map(TransactionalId, writer.transactional_ids))
 
     async def _recover(self) -> None:
         """After a reconnect or a fence: a writer under a registered transactional id,
@@ -469,43 +401,13 @@ class TopicRegistry:
                 if self.store.session_state is not SessionState.CONNECTED:
                     return  # the next CONNECTED starts over
                 try:
-                    await self._ensure_writer()
+                    await self.incarnations.ensure_writer()
                     break
                 except SidecarError as exc:
                     _log.warning("re-registering the producer failed, retrying: %s", exc.message)
                     await asyncio.sleep(self.settings.produce.writer_retry_s)
-            await self._forget_retired()
+            await self.incarnations.forget_retired()
             await self._reload_after_reconnect()
-
-    async def _ensure_writer(self) -> None:
-        if self.writer is not None and not self.writer.fenced:
-            return
-        if self.writer is not None:
-            self._retire_writer()  # fenced: its id was dropped by whoever fenced it
-            self._incarnation += 1
-        transactional_ids = self.transactional_ids
-        if self._registered != transactional_ids:
-            await self.store.register_sidecar(
-                self.sidecar_id, self._registration_info(), transactional_ids
-            )
-            self._registered = transactional_ids
-        try:
-            self.writer = await self._start_writer(transactional_ids)
-        except ProducerFenced:
-            # A coordinator fenced the id between its registration and now (and dropped
-            # it from the registry): writing with it would go unfenced. Take a new one.
-            self._incarnation += 1
-            raise
-
-    async def _forget_retired(self) -> None:
-        if not self._retired:
-            return
-        retired = tuple(sorted(self._retired))
-        try:
-            await self.store.forget_producers(retired)
-        except SidecarError:
-            return  # next time; meanwhile the next change fences them, harmlessly
-        self._retired.difference_update(retired)
 
     async def _reload_after_reconnect(self) -> None:
         """After a reconnect nothing is trusted until it has been read again."""

@@ -59,19 +59,9 @@ class AdminKafka(Protocol):
     async def leader_epochs(self, topic: str, count: int) -> list[int | None]: ...
 
 
-class RegistryStore(Protocol):
-    """What the registry keeps up with in ZooKeeper: its session, this sidecar's
-    registration and its producers' ids, the managed topics and their watches, and
-    its acks of a change's barrier."""
-
-    async def start(self, timeout: float = 15.0) -> None: ...  # noqa: ASYNC109
-
-    async def stop(self) -> None: ...
-
-    @property
-    def session_state(self) -> SessionState: ...
-
-    def add_session_listener(self, callback: Callable[[SessionState], None]) -> None: ...
+class ProducerRegistration(Protocol):
+    """What the writer's incarnations (``service/incarnations.py``) keep in ZooKeeper:
+    this sidecar's registration naming its producers' ids, and the ids retired."""
 
     async def register_sidecar(
         self,
@@ -85,6 +75,21 @@ class RegistryStore(Protocol):
     ) -> None: ...
 
     async def forget_producers(self, transactional_ids: tuple[TransactionalId, ...]) -> None: ...
+
+
+class RegistryStore(ProducerRegistration, Protocol):
+    """What the registry keeps up with in ZooKeeper: its session, the managed topics and
+    their watches, and its acks of a change's barrier; and, for the incarnations it
+    holds, this sidecar's registration."""
+
+    async def start(self, timeout: float = 15.0) -> None: ...  # noqa: ASYNC109
+
+    async def stop(self) -> None: ...
+
+    @property
+    def session_state(self) -> SessionState: ...
+
+    def add_session_listener(self, callback: Callable[[SessionState], None]) -> None: ...
 
     async def list_topics(self) -> list[str]: ...
 

@@ -9,7 +9,13 @@ import pytest
 
 from sidecar.adapters.kafka import KafkaGateway
 from sidecar.adapters.zookeeper import MetadataStore
-from sidecar.service.topic_ports import AdminKafka, AdminStore, ProduceKafka, RegistryStore
+from sidecar.service.topic_ports import (
+    AdminKafka,
+    AdminStore,
+    ProduceKafka,
+    ProducerRegistration,
+    RegistryStore,
+)
 from tests.support.ports import assert_adapter_offers, port_properties
 
 
@@ -19,6 +25,7 @@ from tests.support.ports import assert_adapter_offers, port_properties
         (AdminStore, MetadataStore),
         (AdminKafka, KafkaGateway),
         (RegistryStore, MetadataStore),
+        (ProducerRegistration, MetadataStore),
         (ProduceKafka, KafkaGateway),
     ],
 )
