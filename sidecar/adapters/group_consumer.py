@@ -42,11 +42,13 @@ from sidecar.core.generations import PartitionMode
 Batches = dict[TopicPartition, list[ConsumedRecord]]
 
 _incarnations = itertools.count(1)
+"""Numbers for aiokafka's assignments, increasing across every consumer of the process."""
 
 COMMITTED_EPOCH_ATTEMPTS = 5
 """Tries of the OffsetFetch that reads a reading's committed leader epoch, the retry
-backoff of the consumer apart (aiokafka's ``retry_backoff_ms``, 100 ms by default)."""
-"""Numbers for aiokafka's assignments, increasing across every consumer of the process."""
+backoff of the consumer apart (aiokafka's ``retry_backoff_ms``, 100 ms by default). A
+bound of the adapter's own, not a tunable: past it the reading is validated at the next
+fetch (``service/truncation_check.py``), so more tries change nothing but the log."""
 
 
 class Fetched(NamedTuple):

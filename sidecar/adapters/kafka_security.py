@@ -50,10 +50,6 @@ from sidecar.config import ConfigError, KafkaSecuritySettings, KafkaSettings
 from sidecar.core.errors import KafkaAuthenticationFailed
 
 _PREFIX = "kafka.security."
-TOKEN_REFRESH_FRACTION = 0.8
-"""A token is fetched again once this fraction of its lifetime has passed."""
-DEFAULT_TOKEN_LIFETIME_S = 300.0
-"""Lifetime assumed for a token whose endpoint gives no ``expires_in``."""
 
 # OpenSSL verify codes (X509_V_ERR_*) with a cause of their own.
 _CERT_EXPIRED = 10
@@ -146,7 +142,7 @@ def check_certificate_dates(name: str, path: str, now: datetime.datetime | None 
 
 class ClientCredentialsTokens(AbstractTokenProvider):  # type: ignore[misc]
     """Access tokens from an OIDC token endpoint (RFC 6749 §4.4, client credentials),
-    each kept until ``TOKEN_REFRESH_FRACTION`` of its lifetime has passed; concurrent
+    each kept until ``oauth_refresh_fraction`` of its lifetime has passed; concurrent
     connections share one request."""
 
     def __init__(self, security: KafkaSecuritySettings, timeout_s: float = 10.0) -> None:
@@ -200,9 +196,9 @@ class ClientCredentialsTokens(AbstractTokenProvider):  # type: ignore[misc]
             )
         lifetime = body.get("expires_in")
         if not isinstance(lifetime, int | float) or lifetime <= 0:
-            lifetime = DEFAULT_TOKEN_LIFETIME_S
+            lifetime = security.oauth_default_lifetime_s
         self._token = token
-        self._refresh_at = time.monotonic() + lifetime * TOKEN_REFRESH_FRACTION
+        self._refresh_at = time.monotonic() + lifetime * security.oauth_refresh_fraction
         self.fetched += 1
 
 

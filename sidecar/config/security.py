@@ -68,6 +68,13 @@ class KafkaSecuritySettings:
     oauth_client_secret: Secret = field(default_factory=Secret)
     oauth_client_secret_file: str = ""
     oauth_scope: str = ""
+    oauth_refresh_fraction: float = 0.8
+    """OAUTHBEARER with the token endpoint: a token is fetched again once this fraction
+    of its lifetime (``expires_in``) has passed, so that connections made near its end
+    do not present an expired one."""
+    oauth_default_lifetime_s: float = 300.0
+    """OAUTHBEARER with the token endpoint: the lifetime assumed for a token whose
+    answer gives no ``expires_in``."""
     oauth_token_file: str = ""
     """OAUTHBEARER: a file holding the token, kept fresh by a platform agent (instead of
     the token endpoint); read again at every new connection."""

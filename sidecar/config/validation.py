@@ -237,6 +237,10 @@ def _required_secret(name: str, value: Secret, file: str, needed: str) -> None:
 
 def _validate_oauth(security: KafkaSecuritySettings) -> None:
     prefix = "kafka.security."
+    if not 0 < security.oauth_refresh_fraction <= 1:
+        raise ConfigError(f"{prefix}oauth_refresh_fraction must be above 0 and at most 1")
+    if not security.oauth_default_lifetime_s > 0:
+        raise ConfigError(f"{prefix}oauth_default_lifetime_s must be positive")
     if security.oauth_token_file:
         if security.oauth_token_endpoint:
             raise ConfigError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import inspect
 import json
 import ssl
@@ -234,6 +235,28 @@ async def test_client_credentials_token_is_reused_until_it_nears_expiry(
     provider = ClientCredentialsTokens(_oauth(url))
     assert await provider.token() == "token-2"
     assert await provider.token() == "token-3"
+
+
+async def test_the_refresh_fraction_and_the_assumed_lifetime_are_settings(
+    token_server: tuple[_TokenEndpoint, str],
+) -> None:
+    endpoint, url = token_server
+    endpoint.lifetime_s = 3600
+    # Refreshed once no time at all has passed: every connection fetches a token.
+    eager = dataclasses.replace(_oauth(url), oauth_refresh_fraction=1e-12)
+    provider = ClientCredentialsTokens(eager)
+    assert await provider.token() == "token-1"
+    assert await provider.token() == "token-2"
+    # No expires_in: the assumed lifetime counts, here one so short it is spent at once.
+    endpoint.lifetime_s = None  # type: ignore[assignment]
+    short = dataclasses.replace(_oauth(url), oauth_default_lifetime_s=1e-9)
+    provider = ClientCredentialsTokens(short)
+    assert await provider.token() == "token-3"
+    assert await provider.token() == "token-4"
+    # With the default lifetime (300 s) the same answer is kept.
+    provider = ClientCredentialsTokens(_oauth(url))
+    assert await provider.token() == "token-5"
+    assert await provider.token() == "token-5"
 
 
 async def test_a_refused_client_secret_names_the_setting_never_the_secret(

@@ -96,6 +96,24 @@ def test_related_and_out_of_range_tunables_are_refused(environ: dict[str, str], 
             "OAUTHBEARER needs kafka.security.oauth_token_endpoint",
         ),
         (
+            {
+                "PROTOCOL": "SASL_SSL",
+                "SASL_MECHANISM": "OAUTHBEARER",
+                "OAUTH_TOKEN_ENDPOINT": "https://idp.example/token",
+                "OAUTH_REFRESH_FRACTION": "1.5",
+            },
+            "kafka.security.oauth_refresh_fraction must be above 0 and at most 1",
+        ),
+        (
+            {
+                "PROTOCOL": "SASL_SSL",
+                "SASL_MECHANISM": "OAUTHBEARER",
+                "OAUTH_TOKEN_FILE": "{file}",
+                "OAUTH_DEFAULT_LIFETIME_S": "0",
+            },
+            "kafka.security.oauth_default_lifetime_s must be positive",
+        ),
+        (
             {"PROTOCOL": "PLAINTEXT", "SASL_MECHANISM": "PLAIN"},
             "kafka.security.sasl_mechanism is set but kafka.security.protocol is PLAINTEXT",
         ),
