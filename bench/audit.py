@@ -35,6 +35,7 @@ load lines) and keeps the other's.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -437,6 +438,9 @@ def main() -> None:
                     f"{args.driver_memory}, adaptive execution off (the job's default)",
                     f"- command: `{command_line('bench.audit')}` "
                     f"({time.monotonic() - part_began:.0f} s of {part})",
+                    # Other work that started during the run shows here, not before it.
+                    "- load average after the run (1/5/15 min): "
+                    + " / ".join(f"{load:.2f}" for load in os.getloadavg()),
                 ]
                 sections.append((title, [title_line, "", *header, "", *body]))
     finally:
