@@ -1,8 +1,10 @@
-"""Audit throughput: events per second through the whole ordering-audit job.
+"""Audit throughput: events per second through the whole ordering-audit job, and
+through the live audit's micro-batches.
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.audit [--events 1000000 2000000] [--master local[2]]
+    .venv/bin/python -m bench.audit [--part batch|stream|both] [--events 1000000 2000000]
+        [--batch-events 4000 20000 100000] [--master local[2]]
 
 Synthetic events are generated in Spark (``spark.range``, no Python loop) and written
 to Parquet: a topic of 8 partitions grown to 9 halfway (so keys move and the operation
@@ -14,22 +16,42 @@ Each size is timed from reading the Parquet files to the last output written
 (``run_audit``: every check, the tables, summary, report and charts), in one Spark
 session that a smaller warm-up run has started, so the figure is the job's steady
 throughput, not the JVM's start. Prometheus is not asked.
+
+The live audit (``--part stream``) runs its ``foreachBatch`` function
+(``ordered_audit.stream.LiveAudit``: the incremental checks, the state saved to a
+checkpoint, the counts) over the same synthetic history cut by event time into
+micro-batches of a given size, one after the other with the state carried, as the
+stream job runs them; each batch is read into memory first, so Kafka and the JSON
+parsing are not in the figure. A batch size the checks get through in ``s`` seconds is
+kept up with at ``size / s`` events per second; at that rate the batches run back to
+back, and the job's lag peaks at ``2 s`` (``trigger + s`` when ``s`` is shorter than the
+trigger) right before a batch ends, when the newest event checked is still the previous
+batch's.
+
+Each part replaces its own section of ``results/audit.md`` (with its own machine and
+load lines) and keeps the other's.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench.report import command_line, machine_lines, markdown_table, write_result
+from bench.report import RESULTS_DIR, command_line, machine_lines, markdown_table
+from ordered_audit import incremental
 from ordered_audit.job import AuditConfig, SparkOptions, build_session, run_audit
 from ordered_audit.sources import conform
+from ordered_audit.stream import DEFAULT_TRIGGER_S, LiveAudit, StreamConfig
+from ordered_audit.stream_metrics import StreamMetrics
 
 TOPIC = "bench-orders"
 GROUP = "bench-group"
@@ -41,6 +63,11 @@ START = 1_800_000_000.0
 SPACING_S = 0.0005  # one record acknowledged every 0.5 ms: 2,000 records/s
 DELIVERY_LAG_S = 0.05
 OVERHEAD_EVENTS = NEW_COUNT + 7  # commits, phases, the admin event and a gate opening
+# Micro-batches of each size: the first ones warm the JVM's compiler up, the rest count.
+STREAM_WARMUP_BATCHES = 2
+STREAM_MEASURED_BATCHES = 4
+BATCH_SECTION = "## Ordering audit throughput"
+STREAM_SECTION = "## Live audit throughput"
 
 
 def _stamp(frame: DataFrame, sidecar: str, seq: Column, time: Column) -> DataFrame:
@@ -188,66 +215,104 @@ def measure(spark: SparkSession, records: int, directory: Path) -> dict[str, flo
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--events",
-        type=int,
-        nargs="+",
-        default=[1_000_000, 2_000_000],
-        help="event counts to audit (about half produce_acked, half delivered)",
+@dataclass(frozen=True)
+class StreamFigures:
+    per_batch: float
+    seconds: list[float]
+    """Each batch's, in order (the warm-up ones first)."""
+    median_s: float
+    max_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.per_batch / self.median_s
+
+
+def measure_stream(spark: SparkSession, events_per_batch: int, directory: Path) -> StreamFigures:
+    """The live audit's micro-batches of about ``events_per_batch`` events over a clean
+    history."""
+    batches = STREAM_WARMUP_BATCHES + STREAM_MEASURED_BATCHES
+    source = directory / f"stream-{events_per_batch}.parquet"
+    synthetic_events(spark, events_per_batch * batches // 2).write.mode("overwrite").parquet(
+        str(source)
     )
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each size")
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--shuffle-partitions", type=int, default=4)
-    parser.add_argument("--driver-memory", default="2g")
-    args = parser.parse_args()
-    began = time.monotonic()
-    header = machine_lines("not used (synthetic events in Parquet)")
-    spark = build_session(
-        SparkOptions(
-            master=args.master,
-            shuffle_partitions=args.shuffle_partitions,
-            conf={"spark.driver.memory": args.driver_memory},
+    events = conform(spark.read.parquet(str(source)))
+    bounds = events.agg(F.min("time").alias("first"), F.max("time").alias("last")).first()
+    assert bounds is not None
+    first, last = float(bounds["first"]), float(bounds["last"])
+    width = (last - first) / batches
+    metrics = StreamMetrics(incremental.STREAM_KINDS, max_topics=50)
+    config = StreamConfig(bootstrap="unused", topic="unused", checkpoint=directory / source.stem)
+    audit = LiveAudit(spark, config, metrics)
+    seconds = []
+    for batch_id in range(batches):
+        lower = first + batch_id * width
+        upper = last + 1 if batch_id == batches - 1 else lower + width
+        batch = events.where((F.col("time") >= lower) & (F.col("time") < upper)).cache()
+        batch.count()  # in memory before the clock starts, as a source hands it over
+        began = time.monotonic()
+        audit(batch, batch_id)
+        seconds.append(time.monotonic() - began)
+        batch.unpersist()
+    checked = metrics.registry.get_sample_value("sidecar_audit_stream_events_total")
+    found = sum(
+        sample.value
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "sidecar_audit_stream_anomalies_total"
+    )
+    assert found == 0, "the clean history has no anomaly"
+    assert checked is not None
+    measured = sorted(seconds[STREAM_WARMUP_BATCHES:])
+    return StreamFigures(checked / batches, seconds, statistics.median(measured), measured[-1])
+
+
+def replace_section(text: str, title: str, section: list[str]) -> str:
+    """``text`` (a results file) with its section under ``title`` (up to the next
+    section of the other part) replaced by ``section``, or ``section`` appended."""
+    lines = text.splitlines()
+    titles = (BATCH_SECTION, STREAM_SECTION)
+    start = next((i for i, line in enumerate(lines) if line.startswith(title)), None)
+    if start is None:
+        return "\n".join([*lines, "", *section, ""])
+    end = next(
+        (
+            i
+            for i in range(start + 1, len(lines))
+            if lines[i].startswith(titles) and not lines[i].startswith(title)
         ),
-        kafka=False,
+        len(lines),
     )
-    directory = Path(tempfile.mkdtemp(prefix="bench-audit-"))
-    try:
-        warmup = measure(spark, 20_000, directory)
-        print(f"warm-up: {warmup['events']:,.0f} events in {warmup['audit_s']:.1f} s")
-        rows = []
-        for events in args.events:
-            runs = []
-            for _ in range(args.rounds):
-                figures = measure(spark, (events - OVERHEAD_EVENTS) // 2, directory)
-                print(
-                    f"{figures['events']:,.0f} events: {figures['audit_s']:.1f} s, "
-                    f"{figures['rate']:,.0f} events/s"
-                )
-                runs.append(figures)
-            best = max(runs, key=lambda f: f["rate"])
-            rows.append(
-                [
-                    f"{best['events']:,.0f}",
-                    f"{best['generated_s']:.1f}",
-                    ", ".join(f"{f['audit_s']:.1f}" for f in runs),
-                    f"{best['rate']:,.0f}",
-                    f"{best['keys_moved']:,.0f}",
-                ]
+    return "\n".join(
+        [*lines[:start], *section, *([""] if end < len(lines) else []), *lines[end:], ""]
+    )
+
+
+def batch_section(spark: SparkSession, args: argparse.Namespace, directory: Path) -> list[str]:
+    warmup = measure(spark, 20_000, directory)
+    print(f"warm-up: {warmup['events']:,.0f} events in {warmup['audit_s']:.1f} s")
+    rows = []
+    for events in args.events:
+        runs = []
+        for _ in range(args.rounds):
+            figures = measure(spark, (events - OVERHEAD_EVENTS) // 2, directory)
+            print(
+                f"{figures['events']:,.0f} events: {figures['audit_s']:.1f} s, "
+                f"{figures['rate']:,.0f} events/s"
             )
-    finally:
-        spark.stop()
-        shutil.rmtree(directory, ignore_errors=True)
-    total_s = time.monotonic() - began
-    header += [
-        f"- Spark: {spark.version}, master `{args.master}`, "
-        f"{args.shuffle_partitions} shuffle partitions, driver memory {args.driver_memory}, "
-        "adaptive execution off (the job's default)",
-        f"- command: `{command_line('bench.audit')}` ({total_s:.0f} s)",
-    ]
-    body = [
-        "## Ordering audit throughput (whole job, files in, every output written)",
+            runs.append(figures)
+        best = max(runs, key=lambda f: f["rate"])
+        rows.append(
+            [
+                f"{best['events']:,.0f}",
+                f"{best['generated_s']:.1f}",
+                ", ".join(f"{f['audit_s']:.1f}" for f in runs),
+                f"{best['rate']:,.0f}",
+                f"{best['keys_moved']:,.0f}",
+            ]
+        )
+    return [
+        f"{BATCH_SECTION} (whole job, files in, every output written)",
         "",
         "Events: a clean synthetic history (produce_acked and delivered for every record, "
         f"{PRODUCERS} producers, {KEYS:,} keys, {OLD_COUNT} partitions expanded to "
@@ -265,8 +330,129 @@ def main() -> None:
             rows,
         ),
     ]
-    path = write_result("audit", "Audit benchmark", header, body)
-    print(f"written to {path}")
+
+
+def stream_section(spark: SparkSession, args: argparse.Namespace, directory: Path) -> list[str]:
+    rows = []
+    for size in args.batch_events:
+        figures = measure_stream(spark, size, directory)
+        each = ", ".join(f"{s:.1f}" for s in figures.seconds)
+        print(f"{figures.per_batch:,.0f} events a batch: {each} s; {figures.rate:,.0f} events/s")
+        rows.append(
+            [
+                f"{figures.per_batch:,.0f}",
+                each,
+                f"{figures.median_s:.1f}",
+                f"{figures.max_s:.1f}",
+                f"{figures.rate:,.0f}",
+                f"{max(DEFAULT_TRIGGER_S, figures.median_s) + figures.median_s:.1f}",
+            ]
+        )
+    batches = STREAM_WARMUP_BATCHES + STREAM_MEASURED_BATCHES
+    return [
+        f"{STREAM_SECTION} (micro-batches, embedded)",
+        "",
+        "The live audit's micro-batch function (`LiveAudit`: the incremental checks over "
+        "the batch and the state of the keys and partitions it touches, the state saved "
+        "as Parquet to a local checkpoint, the counts) over the same clean synthetic "
+        f"history, cut by event time into {batches} micro-batches of each size and run one "
+        "after the other with the state carried, as `sidecar audit stream` runs them. "
+        "Each batch is read into memory before its clock starts: reading the topic and "
+        "parsing the JSON are not in the figures. The history's event time advances "
+        "4,000 events a second, so the state keeps everything within the horizon "
+        "(600 s), as it does in a job's first ten minutes. The first "
+        f"{STREAM_WARMUP_BATCHES} batches of each size warm up; the median and max are of "
+        f"the {STREAM_MEASURED_BATCHES} after them. Kept up with: events a batch over the "
+        "median batch time (a job getting more than that falls behind). At that rate the "
+        "batches run back to back and `sidecar_audit_stream_lag_seconds` peaks right "
+        "before a batch ends, when the newest event checked is the previous batch's: at "
+        "twice the median batch time (the trigger, "
+        f"{DEFAULT_TRIGGER_S:.0f} s, plus it when it is shorter than the trigger).",
+        "",
+        *markdown_table(
+            [
+                "events a batch",
+                "batch s (each, in order)",
+                "median s",
+                "max s",
+                "events/s kept up with",
+                "peak lag at that rate s",
+            ],
+            rows,
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--part",
+        choices=("batch", "stream", "both"),
+        default="both",
+        help="the batch job, the live audit's micro-batches, or both",
+    )
+    parser.add_argument(
+        "--events",
+        type=int,
+        nargs="+",
+        default=[1_000_000, 2_000_000],
+        help="event counts to audit (about half produce_acked, half delivered)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each size")
+    parser.add_argument(
+        "--batch-events",
+        type=int,
+        nargs="+",
+        default=[4_000, 20_000, 100_000],
+        help="events in each of the live audit's micro-batches",
+    )
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--shuffle-partitions", type=int, default=4)
+    parser.add_argument("--driver-memory", default="2g")
+    args = parser.parse_args()
+    began = time.monotonic()
+    # Read before Spark starts: the load of other work, not of this run.
+    machine = machine_lines("not used (synthetic events in Parquet)")
+    spark = build_session(
+        SparkOptions(
+            master=args.master,
+            shuffle_partitions=args.shuffle_partitions,
+            conf={"spark.driver.memory": args.driver_memory},
+        ),
+        kafka=False,
+    )
+    directory = Path(tempfile.mkdtemp(prefix="bench-audit-"))
+    sections: list[tuple[str, list[str]]] = []
+    try:
+        for part, title, build in (
+            ("batch", BATCH_SECTION, batch_section),
+            ("stream", STREAM_SECTION, stream_section),
+        ):
+            if args.part in (part, "both"):
+                part_began = time.monotonic()
+                title_line, _, *body = build(spark, args, directory)
+                header = [
+                    *machine,
+                    f"- Spark: {spark.version}, master `{args.master}`, "
+                    f"{args.shuffle_partitions} shuffle partitions, driver memory "
+                    f"{args.driver_memory}, adaptive execution off (the job's default)",
+                    f"- command: `{command_line('bench.audit')}` "
+                    f"({time.monotonic() - part_began:.0f} s of {part})",
+                    # Other work that started during the run shows here, not before it.
+                    "- load average after the run (1/5/15 min): "
+                    + " / ".join(f"{load:.2f}" for load in os.getloadavg()),
+                ]
+                sections.append((title, [title_line, "", *header, "", *body]))
+    finally:
+        spark.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    path = RESULTS_DIR / "audit.md"
+    both = args.part == "both" or not path.exists()
+    text = "# Audit benchmark\n" if both else path.read_text()
+    for title, section in sections:
+        text = replace_section(text, title, section)
+    path.write_text(text)
+    print(f"written to {path} ({time.monotonic() - began:.0f} s)")
 
 
 if __name__ == "__main__":

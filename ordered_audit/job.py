@@ -637,7 +637,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[AuditConfig, SparkOption
 
 def stream_config_from_args(args: argparse.Namespace) -> tuple[StreamConfig, SparkOptions]:
     """``sidecar audit stream``'s settings; raises AuditError for ones that make no job."""
-    from ordered_audit.stream import StreamConfig
+    from ordered_audit.stream import StateStore, StreamConfig
 
     if args.trigger <= 0:
         raise AuditError("--trigger must be positive")
@@ -649,6 +649,15 @@ def stream_config_from_args(args: argparse.Namespace) -> tuple[StreamConfig, Spa
         raise AuditError("--max-topic-labels must be at least 1")
     if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger < 1:
         raise AuditError("--max-offsets-per-trigger must be at least 1")
+    offsets = args.checkpoint / "spark" / "offsets"
+    spark_checkpoint = offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
+    if StateStore(args.checkpoint / "state").has_state() and not spark_checkpoint:
+        # Spark would number its batches from 0 again, and they would meet the state
+        # (and the totals) of another run's batches of the same ids.
+        raise AuditError(
+            f"--checkpoint {args.checkpoint} holds the checks' state but no Spark offsets "
+            "(spark/offsets): keep or delete the checkpoint whole"
+        )
     config = StreamConfig(
         bootstrap=args.bootstrap,
         topic=args.topic,

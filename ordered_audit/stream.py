@@ -9,10 +9,18 @@ they find in Prometheus metrics served by the driver itself
 Under ``--checkpoint``: ``spark/`` is the query's checkpoint (the source offsets of each
 micro-batch) and ``state/<batch id>/`` the checks' state after that batch (Parquet) with
 ``meta.json`` (the newest event time through it, from which the next batch's watermark
-follows), written last: a state directory without it is incomplete and never read. A
-batch reads the state of the highest batch id below its own, so a batch Spark runs
-again after a restart (the one that had not committed) starts from the same state and
-finds the same anomalies. The checkpoint must be a local directory of the driver.
+follows, and the metrics' totals through it), written last and renamed into place: a
+state directory without it is incomplete and never read. A batch reads the state of the
+highest batch id below its own, so a batch Spark runs again after a restart (the one
+that had not committed) starts from the same state and finds the same anomalies.
+
+Counts after a restart: a process started on the checkpoint starts its counters from
+the totals of the last complete state. Spark then runs again the batch that had not
+committed, over the same offsets: when its state is complete, the killed process had
+checked it and its counts are in those totals, so it is not checked again; when it is
+not, the killed process never counted it, and it is checked and counted now. Either
+way each anomaly is counted once. The checkpoint must be a local directory of the
+driver.
 
 Event time is the events' ``time``. The watermark of a batch is the newest event time
 of the batches before it less ``--lateness``; state older than the watermark less
@@ -39,7 +47,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from ordered_audit.stream_metrics import StreamMetrics
+from ordered_audit.stream_metrics import StreamMetrics, Totals
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -93,6 +101,8 @@ class BatchState:
     """The checks' state, by the names of ``incremental.STATE_SCHEMAS``."""
     newest: float | None
     """The newest event time of every batch so far."""
+    totals: Totals = field(default_factory=Totals)
+    """The metrics' totals through this batch."""
 
 
 class StateStore:
@@ -107,7 +117,26 @@ class StateStore:
         if not self.root.is_dir():
             return []
         ids = (int(p.name) for p in self.root.iterdir() if p.name.isdigit())
-        return sorted(i for i in ids if (self.root / str(i) / self._META).is_file())
+        return sorted(i for i in ids if self.is_complete(i))
+
+    def is_complete(self, batch_id: int) -> bool:
+        """Whether ``batch_id``'s state was saved whole."""
+        return (self.root / str(batch_id) / self._META).is_file()
+
+    def _meta(self, batch_id: int) -> tuple[float | None, Totals]:
+        meta = json.loads((self.root / str(batch_id) / self._META).read_text())
+        # A state of a version without totals: counted from zero (as that version did).
+        totals = Totals.from_json(meta["totals"]) if "totals" in meta else Totals()
+        return meta["newest"], totals
+
+    def has_state(self) -> bool:
+        return bool(self._complete())
+
+    def latest(self) -> tuple[float | None, Totals]:
+        """The newest event time and the totals of the last complete state (none: None
+        and zeros), for a process started again on the checkpoint. No Spark needed."""
+        complete = self._complete()
+        return self._meta(complete[-1]) if complete else (None, Totals())
 
     def load(self, spark: SparkSession, batch_id: int) -> BatchState:
         """The state after the highest complete batch below ``batch_id`` (empty: none)."""
@@ -119,12 +148,12 @@ class StateStore:
             empty = {name: incremental.empty_state(spark, s) for name, s in schemas.items()}
             return BatchState(empty, None)
         directory = self.root / str(earlier[-1])
-        meta = json.loads((directory / self._META).read_text())
+        newest, totals = self._meta(earlier[-1])
         tables = {
             name: spark.read.schema(schema).parquet(str(directory / name))
             for name, schema in schemas.items()
         }
-        return BatchState(tables, meta["newest"])
+        return BatchState(tables, newest, totals)
 
     def save(self, batch_id: int, state: BatchState) -> None:
         directory = self.root / str(batch_id)
@@ -133,7 +162,11 @@ class StateStore:
         for name, table in state.tables.items():
             # Small tables: one file each rather than one per shuffle partition.
             table.coalesce(1).write.parquet(str(directory / name))
-        (directory / self._META).write_text(json.dumps({"newest": state.newest}) + "\n")
+        meta = {"newest": state.newest, "totals": state.totals.to_json()}
+        # Renamed into place: a process killed while writing leaves no partial meta.json.
+        partial = directory / f"{self._META}.partial"
+        partial.write_text(json.dumps(meta) + "\n")
+        partial.replace(directory / self._META)
 
     def prune(self) -> None:
         complete = self._complete()
@@ -157,6 +190,11 @@ class LiveAudit:
         from ordered_audit import checks, incremental
 
         began = time.monotonic()
+        if self.store.is_complete(batch_id):
+            # Run again after a restart: checked and counted in full before (its counts
+            # are in the totals the counters started from).
+            log.info("audit stream: batch %d was checked before the restart", batch_id)
+            return
         previous = self.store.load(self.spark, batch_id)
         watermark = None if previous.newest is None else previous.newest - self.config.lateness_s
         cutoff = None if watermark is None else watermark - self.config.horizon_s
@@ -182,6 +220,7 @@ class LiveAudit:
                     (row["kind"], row["topic"]): int(row["count"])
                     for row in found.groupBy("kind", "topic").count().collect()
                 }
+                totals = previous.totals.plus(self.metrics.labelled(counts), count, late_count)
                 for row in found.orderBy("time").limit(LOGGED_PER_BATCH).collect():
                     log.warning(
                         "audit stream: %s in %s (group %s, key %s, partition %s offset %s): %s",
@@ -196,7 +235,7 @@ class LiveAudit:
                 newest = (
                     newest_here if previous.newest is None else max(previous.newest, newest_here)
                 )
-                self.store.save(batch_id, BatchState(checked.states, newest))
+                self.store.save(batch_id, BatchState(checked.states, newest, totals))
             finally:
                 found.unpersist()
                 for frame in checked.shared:
@@ -236,6 +275,14 @@ def start_stream(spark: SparkSession, config: StreamConfig) -> RunningStream:
     from ordered_audit import incremental, sources
 
     metrics = StreamMetrics(incremental.STREAM_KINDS, config.max_topic_labels)
+    newest, totals = StateStore(config.checkpoint / "state").latest()
+    metrics.restore(newest, totals)
+    if totals.events:
+        log.info(
+            "audit stream: counters go on from the checkpoint: %d events, %d anomalies",
+            totals.events,
+            sum(totals.anomalies.values()),
+        )
     port = metrics.serve(config.metrics_host, config.metrics_port)
     log.info("audit stream: metrics on http://%s:%d/metrics", config.metrics_host, port)
     try:

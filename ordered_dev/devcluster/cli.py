@@ -1,4 +1,6 @@
-"""`sidecar devcluster install|up|down|status`: the local cluster from the command line."""
+"""`sidecar devcluster install|up|down|status`: the local cluster from the command line;
+`spark-up|spark-down`: a Spark standalone master and worker beside it, for the audit
+jobs' `--master`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from ordered_dev.devcluster.cluster import LocalCluster
 from ordered_dev.devcluster.errors import DevClusterError
 from ordered_dev.devcluster.install import ensure_installed
 from ordered_dev.devcluster.security import SECURITY_MODES
+from ordered_dev.devcluster.spark import SparkStandalone
 
 
 def default_work_dir() -> Path:
@@ -43,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     up.add_argument("--brokers", type=int, default=3, help="Kafka nodes (default: %(default)s)")
     actions.add_parser("down", help="stop every process this cluster started")
     actions.add_parser("status", help="print each server's pid, port and liveness as JSON")
+    actions.add_parser(
+        "spark-up",
+        help="start a Spark standalone master and one worker (1 core, 1 GiB) on loopback, "
+        "from the installed pyspark; data and logs in <dir>/spark",
+    )
+    actions.add_parser("spark-down", help="stop the Spark master and worker spark-up started")
     parser.set_defaults(handler=run)
 
 
@@ -75,6 +84,15 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         print(f"  kafka bootstrap: {cluster.kafka_bootstrap}")
         print(f"  zookeeper:       {cluster.zookeeper_hosts}")
+        return 0
+    if args.action in ("spark-up", "spark-down"):
+        spark = SparkStandalone(work_dir / "spark")
+        if args.action == "spark-down":
+            spark.stop()
+            print("spark stopped")
+            return 0
+        seconds = spark.start()
+        print(f"spark up in {seconds:.1f} s: --master {spark.master_url}")
         return 0
     cluster = LocalCluster(work_dir)
     if args.action == "down":

@@ -15,8 +15,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ordered_audit import checks, incremental
 from ordered_audit.sources import events_from_dicts
-from ordered_audit.stream import LiveAudit, StreamConfig
-from ordered_audit.stream_metrics import OTHER_TOPIC, StreamMetrics
+from ordered_audit.stream import LiveAudit, StateStore, StreamConfig
+from ordered_audit.stream_metrics import OTHER_TOPIC, StreamMetrics, Totals
 from sidecar.audit import events as audit_events
 from sidecar.audit.events import Event
 from tests.audit.history import CONSUMER, GROUP, TOPIC, Scenario, clean, written
@@ -279,7 +279,7 @@ def metric(metrics: StreamMetrics, name: str, labels: dict[str, str] | None = No
     return 0.0 if value is None else value
 
 
-def test_the_driver_counts_saves_its_state_and_finds_the_same_after_a_restart(
+def test_after_a_restart_the_driver_counts_each_anomaly_once(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     scenario = ungated()
@@ -314,12 +314,39 @@ def test_the_driver_counts_saves_its_state_and_finds_the_same_after_a_restart(
     # Only the states a restart can need are kept.
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["1", "2"]
 
-    # A restart: Spark runs the uncommitted last batch again, from the state before it,
-    # and finds the same anomalies (counted again, by a process whose counters start
-    # from zero).
+    # A restart after the last batch's state was saved (killed before Spark committed
+    # it): the counters start from the saved totals, and the batch Spark runs again is
+    # not counted again.
+    saved = StateStore(tmp_path / "state")
+    assert saved.latest() == (events[-1]["time"], totals_of(first))
     again = StreamMetrics(incremental.STREAM_KINDS, max_topics=5)
+    again.restore(*saved.latest())
     LiveAudit(spark, config, again)(batches[2], 2)
-    assert metric(again, "sidecar_audit_stream_anomalies_total", labels) == in_last
+    assert totals_of(again) == totals_of(first)
+    assert metric(again, "sidecar_audit_stream_anomalies_total", labels) == before_last + in_last
+
+    # A restart before the last batch's state was complete (killed while checking it):
+    # the counters start from the batch before, and the batch run again counts its own.
+    (tmp_path / "state" / "2" / "meta.json").unlink()
+    third = StreamMetrics(incremental.STREAM_KINDS, max_topics=5)
+    third.restore(*saved.latest())
+    assert metric(third, "sidecar_audit_stream_anomalies_total", labels) == before_last
+    LiveAudit(spark, config, third)(batches[2], 2)
+    assert totals_of(third) == totals_of(first)
+
+
+def totals_of(metrics: StreamMetrics) -> Totals:
+    """The counters' values, as ``Totals``."""
+    anomalies = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "sidecar_audit_stream_anomalies_total" and sample.value:
+                anomalies[(sample.labels["kind"], sample.labels["topic"])] = int(sample.value)
+    return Totals(
+        anomalies,
+        int(metric(metrics, "sidecar_audit_stream_events_total")),
+        int(metric(metrics, "sidecar_audit_stream_late_events_total")),
+    )
 
 
 def test_topic_labels_are_capped() -> None:

@@ -186,6 +186,14 @@ def test_the_stream_command_is_registered_and_checks_its_arguments(
             stream_config_from_args(parser.parse_args([*base, *wrong]))
     with pytest.raises(SystemExit):
         parser.parse_args(["audit", "stream", "--bootstrap", "127.0.0.1:9092"])
+    # A checkpoint whose Spark part was deleted and the checks' state kept: refused.
+    (tmp_path / "state" / "3").mkdir(parents=True)
+    (tmp_path / "state" / "3" / "meta.json").write_text('{"newest": null}')
+    with pytest.raises(AuditError, match="keep or delete the checkpoint whole"):
+        stream_config_from_args(parser.parse_args(base))
+    (tmp_path / "spark" / "offsets").mkdir(parents=True)
+    (tmp_path / "spark" / "offsets" / "3").write_text("v1")
+    stream_config_from_args(parser.parse_args(base))
     # The command refuses them before it starts Spark.
     assert main([*base, "--trigger", "-1"]) == 2
     assert "--trigger must be positive" in capsys.readouterr().err

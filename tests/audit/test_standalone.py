@@ -1,145 +1,111 @@
-"""The job runs unchanged on a Spark cluster: a standalone master and one worker started
-from the pyspark installation (small heaps), and ``sidecar audit run --master spark://``
-as its own driver process, on a file of hand-built events with known anomalies.
+"""The audit jobs run unchanged on a Spark cluster: the project's standalone master and
+worker (``ordered_dev.devcluster.spark``: the installed pyspark's ``spark-class``, 1
+core and 1 GiB for executors, on loopback), and ``sidecar audit run|stream --master
+spark://...`` as their own driver processes.
+
+The batch job reads a file of hand-built events with known anomalies. The live audit
+reads a fresh audit topic on the real cluster, a faulty history written to it
+(``live.faulty``), and must count its anomalies on ``/metrics`` within 180 s of its
+start (the driver's JVM, the connector's jars shipped to an executor the worker starts,
+the first micro-batches) and exit 0 on SIGTERM. Both check that the work ran on the
+worker's executor, not in the driver.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import pyspark
+import aiohttp
+import pytest
 
 from ordered_audit import checks
+from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.devcluster.spark import SparkStandalone
+from ordered_dev.harness.sidecars import unique
+from ordered_dev.harness.tools import free_port
 from tests.audit.history import injected, write_json_lines
-from tests.ops.support import free_port
+from tests.audit.live import (
+    StreamProcess,
+    anomalies_by_topic,
+    create_audit_topic,
+    events_counted,
+    expected_anomalies,
+    faulty,
+    on_topic,
+    stream_arguments,
+    wait_for,
+    write_events,
+)
 
-STARTUP_S = 60
+# A short job in fresh JVMs: the C1 compiler alone warms up sooner.
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# What a job asks of the 1-core, 1 GiB worker: one executor that fits it.
+ON_THE_WORKER = [
+    "--shuffle-partitions",
+    "1",
+    "--conf",
+    "spark.executor.memory=512m",
+    "--conf",
+    "spark.cores.max=1",
+    "--conf",
+    f"spark.driver.extraJavaOptions={QUICK_JVM}",
+    "--conf",
+    f"spark.executor.extraJavaOptions={QUICK_JVM}",
+]
+STREAM_REPORTED_WITHIN_S = 180.0
 
 
-def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while text not in log.read_text(errors="replace"):
-        assert process.poll() is None, f"exited: {log.read_text(errors='replace')[-2000:]}"
-        assert time.monotonic() < deadline, f"no {text!r}: {log.read_text()[-2000:]}"
-        time.sleep(0.2)
-
-
-@contextmanager
-def standalone_cluster(directory: Path) -> Iterator[str]:
-    """A master and a worker (1 core, 1 GiB for executors); the master's URL."""
-    spark_home = Path(pyspark.__file__).parent
-    classpath = str(spark_home / "jars" / "*")
-    # What bin/load-spark-env.sh would set: the worker builds its executors' command
-    # line from them (without the Scala version it looks for a source build).
-    env = os.environ | {
-        "SPARK_HOME": str(spark_home),
-        "SPARK_SCALA_VERSION": "2.13",
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-    port = free_port()
-    url = f"spark://127.0.0.1:{port}"
-    daemon = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-cp", classpath]
-    processes: list[subprocess.Popen[bytes]] = []
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalone]:
+    spark = SparkStandalone(tmp_path_factory.mktemp("spark-standalone"))
+    seconds = spark.start()
+    print(f"\nstandalone master and worker up in {seconds:.1f} s")
     try:
-        master_log = directory / "master.log"
-        with master_log.open("wb") as log:
-            master = subprocess.Popen(
-                [
-                    *daemon,
-                    "org.apache.spark.deploy.master.Master",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--webui-port",
-                    str(free_port()),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        processes.append(master)
-        _wait_for(master_log, "I have been elected leader", master)
-        worker_log = directory / "worker.log"
-        with worker_log.open("wb") as log:
-            worker = subprocess.Popen(
-                [
-                    *daemon,
-                    "org.apache.spark.deploy.worker.Worker",
-                    url,
-                    "--host",
-                    "127.0.0.1",
-                    "--cores",
-                    "1",
-                    "--memory",
-                    "1g",
-                    "--webui-port",
-                    str(free_port()),
-                    "--work-dir",
-                    str(directory / "work"),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        processes.append(worker)
-        _wait_for(worker_log, "Successfully registered with master", worker)
-        yield url
+        yield spark
     finally:
-        for process in reversed(processes):
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        spark.stop()
+    assert not any(report["alive"] for report in spark.status().values())
 
 
-def test_the_job_runs_unchanged_on_a_standalone_cluster(tmp_path: Path) -> None:
+def executor_logs(spark: SparkStandalone, since: float) -> list[Path]:
+    """The stderr of every executor the worker started after ``since`` (epoch s)."""
+    return [
+        path
+        for path in (spark.work_dir / "work").glob("app-*/*/stderr")
+        if path.stat().st_mtime >= since
+    ]
+
+
+def test_the_job_runs_unchanged_on_a_standalone_cluster(
+    standalone: SparkStandalone, tmp_path: Path
+) -> None:
     scenario = injected()
     events = write_json_lines(scenario.history, tmp_path / "events.jsonl")
     out = tmp_path / "out"
-    began = time.monotonic()
-    with standalone_cluster(tmp_path) as master:
-        cluster_up = time.monotonic() - began
-        job = subprocess.run(
-            [
-                str(Path(sys.executable).with_name("sidecar")),
-                "audit",
-                "run",
-                "--master",
-                master,
-                "--input",
-                str(events),
-                "--out",
-                str(out),
-                "--shuffle-partitions",
-                "1",
-                "--conf",
-                "spark.executor.memory=512m",
-                "--conf",
-                "spark.cores.max=1",
-                # A short job in fresh JVMs: the C1 compiler alone warms up sooner.
-                "--conf",
-                f"spark.driver.extraJavaOptions={QUICK_JVM}",
-                "--conf",
-                f"spark.executor.extraJavaOptions={QUICK_JVM}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    total = time.monotonic() - began
-    print(f"\nstandalone: cluster up in {cluster_up:.1f} s, {total:.1f} s in all")
+    began, since = time.monotonic(), time.time()
+    job = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("sidecar")),
+            "audit",
+            "run",
+            "--master",
+            standalone.master_url,
+            "--input",
+            str(events),
+            "--out",
+            str(out),
+            *ON_THE_WORKER,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    print(f"\nstandalone batch job: {time.monotonic() - began:.1f} s")
     assert job.returncode == 0, job.stderr[-3000:]
     assert "2 anomalies" in job.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -149,6 +115,37 @@ def test_the_job_runs_unchanged_on_a_standalone_cluster(tmp_path: Path) -> None:
     }
     (operation,) = summary["operations"]
     assert operation["keys_moved"] == len(scenario.moved_keys)
-    # The work ran on the cluster's executor, not in the driver.
-    executors = list((tmp_path / "work").glob("app-*/*/stderr"))
-    assert executors, "no executor ran on the worker"
+    assert executor_logs(standalone, since), "no executor ran on the worker"
+
+
+@pytest.mark.integration
+async def test_the_live_audit_runs_unchanged_on_a_standalone_cluster(
+    standalone: SparkStandalone, cluster: ClusterEndpoints, tmp_path: Path
+) -> None:
+    audit_topic = await create_audit_topic(cluster)
+    port = free_port()
+    arguments = stream_arguments(
+        cluster,
+        audit_topic,
+        tmp_path / "checkpoint",
+        port,
+        "--master",
+        standalone.master_url,
+        *ON_THE_WORKER,
+    )
+    topic = unique("faulty")
+    scenario = faulty()
+    events = on_topic(scenario, topic)
+    began, since = time.monotonic(), time.time()
+    job = StreamProcess(arguments, tmp_path / "stream.log")
+    try:
+        await write_events(cluster, audit_topic, events)
+        async with aiohttp.ClientSession() as http:
+            samples = await wait_for(http, port, len(events), STREAM_REPORTED_WITHIN_S)
+        print(f"\nstandalone live audit: reported {time.monotonic() - began:.1f} s after start")
+        assert events_counted(samples) == len(events), job.log_tail()
+        assert anomalies_by_topic(samples) == expected_anomalies(scenario, topic)
+        assert executor_logs(standalone, since), "no executor ran on the worker"
+    finally:
+        status = job.stop()
+    assert status == 0, job.log_tail()

@@ -14,7 +14,10 @@ import aiohttp
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
+from ordered_audit.report import prometheus_textfile
+from ordered_audit.stream_metrics import StreamMetrics
 from ordered_dev.harness.tools import (
     DASHBOARD,
     GRAFANA_DIR,
@@ -35,14 +38,6 @@ __all__ = [
     "substitute_grafana_variables",
 ]
 
-
-# Metrics the alerts and the dashboard name that the sidecar does not export: the
-# ordering audit job writes them (``anomalies.prom``, for a textfile collector) and the
-# live audit serves them (``ordered_audit.stream_metrics``). Everything else must be in
-# sidecar/metrics.py.
-AUDIT_JOB_METRICS = frozenset(
-    {"sidecar_audit_anomalies_total", "sidecar_audit_stream_anomalies_total"}
-)
 
 _METRIC_NAME = re.compile(r"\b(sidecar_[a-z0-9_]+)\b")
 
@@ -67,6 +62,22 @@ def _series_names(family: Metric) -> set[str]:
     if family.type == "histogram":
         return {f"{family.name}_{suffix}" for suffix in ("bucket", "sum", "count")}
     return {family.name}
+
+
+def audit_metric_names() -> frozenset[str]:
+    """Metrics the alerts and the dashboard may name that the sidecar does not export:
+    the ordering audit job writes ``anomalies.prom`` (for a textfile collector) and the
+    live audit serves ``ordered_audit.stream_metrics``. Read from the code that writes
+    them, so that a renamed metric fails the checks."""
+    families = text_string_to_metric_families(prometheus_textfile({}))
+    names = {sample.name for family in families for sample in family.samples}
+    stream = StreamMetrics(kinds=(), max_topics=1)
+    for family in stream.registry.collect():
+        names |= _series_names(family)
+    return frozenset(names)
+
+
+AUDIT_JOB_METRICS = audit_metric_names()
 
 
 @contextlib.asynccontextmanager

@@ -3,14 +3,14 @@
 Static: the JSON's structure (unique ids, grid positions inside the 24 columns without
 overlaps, datasource references that resolve, a query in every panel), every query
 parses as PromQL once Grafana's variables are substituted, and names only metrics the
-sidecar exports. Integration: a real Prometheus (Debian's binary) scrapes two running
-sidecars every second, and the ordering audit's textfile output, while the test produces
-load, expands the topic until produces were held, makes a record of the new partition
-wait at the gate until another instance of its group (on the other sidecar) commits the
-blocking partition, with hand-off callbacks (the first of which fails), writes one record
-around the sidecar, and sends a fenced and an unknown-generation produce; then every
-panel query must return series through Prometheus' HTTP API.
-"""
+sidecar, the audit job or the live audit export (read from their code). Integration: a
+real Prometheus (Debian's binary) scrapes two running sidecars every second, the
+ordering audit's textfile output and the live audit's own ``/metrics``, while the test
+produces load, expands the topic until produces were held, makes a record of the new
+partition wait at the gate until another instance of its group (on the other sidecar)
+commits the blocking partition, with hand-off callbacks (the first of which fails),
+writes one record around the sidecar, and sends a fenced and an unknown-generation
+produce; then every panel query must return series through Prometheus' HTTP API."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
 from ordered_audit.report import prometheus_textfile
+from ordered_audit.stream_metrics import StreamMetrics
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.consumers import CallbackApp, create_consumer
 from ordered_dev.harness.sidecars import RunningSidecar, running_sidecars, unique
@@ -176,10 +177,37 @@ def test_the_dashboard_covers_what_the_issue_asks_for() -> None:
         "sidecar_gate_wait_seconds_bucket",
         "sidecar_handoff_callback_seconds_count",
         "sidecar_audit_anomalies_total",
+        "sidecar_audit_stream_anomalies_total",
+        "sidecar_audit_stream_lag_seconds",
+        "sidecar_audit_stream_events_total",
     ):
         assert metric in every, metric
     assert "histogram_quantile(0.5," in every
     assert "histogram_quantile(0.99," in every
+
+
+def test_one_panel_shows_live_audit_anomalies_beside_the_change_and_gate_metrics() -> None:
+    """The issue's "anomalies beside the sidecars' change and gate metrics on one time
+    axis": one panel, not three panels that happen to share the dashboard's time range."""
+    names = set(variables())
+    beside = [
+        panel
+        for panel in panels()
+        if any("sidecar_audit_stream_anomalies_total" in t["expr"] for t in panel["targets"])
+        and any("sidecar_gated_partitions" in t["expr"] for t in panel["targets"])
+        and any("sidecar_topic_generation" in t["expr"] for t in panel["targets"])
+    ]
+    assert len(beside) == 1, [panel["title"] for panel in beside]
+    # Anomalies per interval by kind and topic, the first count of a new series included
+    # (increase() would need two samples of it: the first anomaly would not show).
+    (anomalies,) = [
+        t for t in beside[0]["targets"] if "sidecar_audit_stream_anomalies_total" in t["expr"]
+    ]
+    expr = substitute_grafana_variables(anomalies["expr"], names)
+    assert expr.startswith("sum by (kind, topic) (")
+    assert "increase(" not in expr
+    assert "* 0" in expr
+    assert expr.count("offset 1m") == 1
 
 
 def test_the_provisioning_files_point_at_the_dashboard() -> None:
@@ -225,6 +253,21 @@ def total(sidecars: list[RunningSidecar], name: str, topic: str) -> float:
 
 
 @contextlib.asynccontextmanager
+async def stream_metrics_server() -> AsyncIterator[str]:
+    """The live audit's ``/metrics`` (its own metrics server) after one micro-batch with an
+    anomaly; yields its scrape target."""
+    metrics = StreamMetrics(kinds={"nonmonotonic"}, max_topics=5)
+    metrics.record_batch(
+        events=10, late=1, newest=time.time(), anomalies={("nonmonotonic", "orders"): 2}
+    )
+    port = metrics.serve("127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        metrics.close()
+
+
+@contextlib.asynccontextmanager
 async def audit_textfile_server(anomalies: dict[str, int]) -> AsyncIterator[str]:
     """The ordering audit's ``anomalies.prom``, served as node_exporter's textfile
     collector would serve it; yields its scrape target."""
@@ -265,6 +308,7 @@ async def test_every_panel_query_returns_series_from_a_real_prometheus(
         async with (
             running_sidecars(cluster, 2) as sidecars,
             audit_textfile_server({"lost": 0, "nonmonotonic": 1}) as audit_target,
+            stream_metrics_server() as stream_target,
         ):
             topic = unique("ops-dashboard")
             # Compacted, so that keys moved by the expansion get relocation tombstones.
@@ -282,6 +326,10 @@ async def test_every_panel_query_returns_series_from_a_real_prometheus(
                         ],
                     },
                     {"job_name": "ordered-audit", "static_configs": [{"targets": [audit_target]}]},
+                    {
+                        "job_name": "ordered-audit-stream",
+                        "static_configs": [{"targets": [stream_target]}],
+                    },
                 ],
             }
             async with (

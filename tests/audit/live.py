@@ -1,0 +1,196 @@
+"""Helpers of the live audit's tests on the real cluster: an audit topic, histories
+written to it as events stamped now, ``/metrics`` read back, and ``sidecar audit
+stream`` run as its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+
+from ordered_audit import checks
+from ordered_dev.devcluster.provider import ClusterEndpoints
+from ordered_dev.harness.sidecars import unique
+from sidecar.audit.events import Event
+from tests.audit.history import History, Scenario, written
+
+ANOMALIES = "sidecar_audit_stream_anomalies_total"
+EVENTS = "sidecar_audit_stream_events_total"
+LAG = "sidecar_audit_stream_lag_seconds"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def create_audit_topic(cluster: ClusterEndpoints) -> str:
+    """A fresh audit topic of 3 partitions, so one history's events reach it in any
+    order across them."""
+    topic = unique("audit-stream")
+    admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 3, cluster.replication_factor)])
+    finally:
+        await admin.close()
+    return topic
+
+
+def on_topic(scenario: Scenario, topic: str) -> list[Event]:
+    """The scenario's events, for ``topic``, stamped as if the last one were now."""
+    offset = time.time() - scenario.history.events[-1]["time"]
+    return [
+        {**event, "time": event["time"] + offset, **({"topic": topic} if "topic" in event else {})}
+        for event in scenario.history.events
+    ]
+
+
+def faulty() -> Scenario:
+    """Partition 2 delivered first (no gate), then a zombie's write across the barrier."""
+    scenario = written()
+    history: History = scenario.history
+    records = scenario.before + scenario.after
+    for record in sorted(records, key=lambda r: (r.partition != 2, r.partition, r.offset)):
+        history.deliver(record)
+    key = next(r.key for r in scenario.before if r.partition == 0)
+    history.write(0, key, 0, 2, producer="zombie-sc")
+    return scenario
+
+
+def expected_anomalies(scenario: Scenario, topic: str) -> dict[tuple[str, str], float]:
+    """What the stream counts for ``faulty()`` written as ``topic``, by (kind, topic)."""
+    return {
+        (checks.NONMONOTONIC, topic): 2 * len(scenario.moved_keys),
+        (checks.WRITTEN_ACROSS_BARRIER, topic): 1,
+    }
+
+
+async def write_events(cluster: ClusterEndpoints, topic: str, events: Sequence[Event]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap)
+    await producer.start()
+    try:
+        for event in events:
+            await producer.send(topic, json.dumps(event).encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def scrape(http: aiohttp.ClientSession, port: int) -> Samples:
+    async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def anomalies_by_topic(samples: Samples) -> dict[tuple[str, str], float]:
+    found = {}
+    for (name, labels), value in samples.items():
+        if name == ANOMALIES:
+            label = dict(labels)
+            found[(label["kind"], label["topic"])] = value
+    return found
+
+
+def events_counted(samples: Samples) -> float | None:
+    return samples.get((EVENTS, frozenset()))
+
+
+async def wait_for(http: aiohttp.ClientSession, port: int, events: int, within_s: float) -> Samples:
+    """Scrapes until ``events`` events were counted (a server not answering yet counts as
+    none); the last scrape, or {} if none answered within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    samples: Samples = {}
+    while True:
+        with contextlib.suppress(aiohttp.ClientConnectionError):
+            samples = await scrape(http, port)
+        if events_counted(samples) == events or time.monotonic() >= deadline:
+            return samples
+        await asyncio.sleep(0.5)
+
+
+class StreamProcess:
+    """``sidecar audit stream`` as its own process group (the Python driver and its
+    Spark JVM), logging to ``log``."""
+
+    def __init__(self, arguments: Sequence[str], log: Path) -> None:
+        self.log = log
+        with log.open("ab") as output:
+            self.process = subprocess.Popen(
+                [str(Path(sys.executable).with_name("sidecar")), "audit", "stream", *arguments],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group, as a crash or an OOM kill of its container."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        # The JVM is the driver's child in the same group: gone with it.
+        deadline = time.monotonic() + 30
+        while _group_alive(self.process.pid):
+            assert time.monotonic() < deadline, "the stream's JVM outlived SIGKILL"
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM (the command stops its query and exits), SIGKILL after ``timeout``;
+        the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            self.kill()
+            raise AssertionError(f"the stream did not stop on SIGTERM:\n{self.log_tail()}") from exc
+        finally:
+            if _group_alive(self.process.pid):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stream_arguments(
+    cluster: ClusterEndpoints, topic: str, checkpoint: Path, port: int, *spark: str
+) -> list[str]:
+    """The command line of a stream over ``topic`` with 1-second micro-batches."""
+    return [
+        "--bootstrap",
+        cluster.kafka_bootstrap,
+        "--topic",
+        topic,
+        "--checkpoint",
+        str(checkpoint),
+        "--metrics-port",
+        str(port),
+        "--trigger",
+        "1",
+        "--shuffle-partitions",
+        "2",
+        *spark,
+    ]
