@@ -67,6 +67,7 @@ from sidecar.service.changes import ChangeRequest, ChangeRunner
 from sidecar.service.idempotency import IdempotencyCache
 from sidecar.service.produce import ProduceOutcome, ProduceService
 from sidecar.service.registry import TopicRegistry
+from sidecar.service.topic_ports import DirectoryKafka
 from sidecar.service.topics import TopicDirectory
 
 _OPENAPI: Final = Path(__file__).with_name("openapi.json")
@@ -87,6 +88,7 @@ def build_app(
     admin: TopicAdmin,
     changes: ChangeRunner,
     metrics: SidecarMetrics,
+    kafka: DirectoryKafka,
 ) -> web.Application:
     app = web.Application(
         # Errors first, so that whatever the others refuse is answered like any error;
@@ -113,7 +115,7 @@ def build_app(
     app.router.add_get("/openapi.json", openapi)
     app.router.add_post("/topics/{topic}", produce)
     app.router.add_post("/topics/{topic}/partitions/{partition}", produce)
-    add_topic_routes(app, TopicDirectory(sidecar))
+    add_topic_routes(app, TopicDirectory(sidecar, kafka))
     add_v3_routes(app, produce_service, metrics)
     app.router.add_post("/admin/topics", admin_create)
     app.router.add_get("/admin/topics/{topic}", admin_describe)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from sidecar.adapters.kafka import OutgoingKafkaRecord, SendFailed, SentRecord
+from sidecar.adapters.kafka import OutgoingKafkaRecord, PartitionInfo, SendFailed, SentRecord
 from sidecar.adapters.zookeeper import LockHolder
 from sidecar.core.generations import Generation, PartitionMode
 from sidecar.core.participant import SessionState
@@ -114,3 +114,20 @@ class ProduceKafka(Protocol):
     async def send_batch(
         self, topic: str, records: Sequence[OutgoingKafkaRecord]
     ) -> list[SentRecord | SendFailed]: ...
+
+
+class DirectoryKafka(Protocol):
+    """What the topic directory (the REST Proxy's discovery routes, and the partition
+    checks of a produce to an unmanaged topic) asks of Kafka."""
+
+    async def list_topics(self) -> list[str]: ...
+
+    async def broker_ids(self) -> list[int]: ...
+
+    async def cluster_id(self) -> str: ...
+
+    async def topic_configs(self, topic: str) -> dict[str, str | None]: ...
+
+    async def describe_partitions(self, topic: str) -> list[PartitionInfo]: ...
+
+    async def partition_count(self, topic: str) -> int: ...

@@ -23,6 +23,7 @@ from sidecar.core.errors import PartitionReadOnly, UnknownPartition
 from sidecar.core.generations import PartitionMode
 from sidecar.core.topics import TopicState
 from sidecar.service.registry import TopicRegistry
+from sidecar.service.topic_ports import DirectoryKafka
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,26 +45,27 @@ class TopicView:
 
 
 class TopicDirectory:
-    def __init__(self, sidecar: TopicRegistry) -> None:
+    def __init__(self, sidecar: TopicRegistry, kafka: DirectoryKafka) -> None:
         self._sidecar = sidecar
+        self._kafka = kafka
 
     async def names(self) -> list[str]:
         """Every topic of the cluster (internal ones left out), sorted.
 
         Raises KafkaUnavailable, KafkaFailure.
         """
-        return await self._sidecar.kafka.list_topics()
+        return await self._kafka.list_topics()
 
     async def brokers(self) -> list[int]:
         """The cluster's broker ids, sorted. Raises KafkaUnavailable, KafkaFailure."""
-        return await self._sidecar.kafka.broker_ids()
+        return await self._kafka.broker_ids()
 
     async def cluster_id(self) -> str:
         """The Kafka cluster's id (REST Proxy v3 names the cluster by it).
 
         Raises KafkaUnavailable, KafkaFailure.
         """
-        return await self._sidecar.kafka.cluster_id()
+        return await self._kafka.cluster_id()
 
     async def topic(self, name: str) -> TopicView:
         """``name`` with its configs and partitions.
@@ -71,7 +73,7 @@ class TopicDirectory:
         Raises UnknownTopic, KafkaUnavailable, KafkaFailure, MetadataUnavailable.
         """
         partitions, configs = await asyncio.gather(
-            self.partitions(name), self._sidecar.kafka.topic_configs(name)
+            self.partitions(name), self._kafka.topic_configs(name)
         )
         state, views = partitions
         return TopicView(name, configs, views, state)
@@ -81,7 +83,7 @@ class TopicDirectory:
 
         Raises UnknownTopic, KafkaUnavailable, KafkaFailure, MetadataUnavailable.
         """
-        infos = await self._sidecar.kafka.describe_partitions(name)
+        infos = await self._kafka.describe_partitions(name)
         runtime = await self._sidecar.runtime(name)
         state = None if runtime is None else runtime.state
         modes = () if state is None else state.modes
@@ -108,7 +110,7 @@ class TopicDirectory:
         """
         runtime = await self._sidecar.runtime(name)
         if runtime is None:
-            count = await self._sidecar.kafka.partition_count(name)
+            count = await self._kafka.partition_count(name)
             if partition >= count:
                 raise UnknownPartition(
                     f"partition {partition} of {name} does not exist ({count} partitions)"
@@ -132,7 +134,7 @@ class TopicDirectory:
         for topic, partition in partitions:
             highest[topic] = max(highest.get(topic, -1), partition)
         for topic, partition in sorted(highest.items()):
-            count = await self._sidecar.kafka.partition_count(topic)
+            count = await self._kafka.partition_count(topic)
             if partition >= count:
                 raise UnknownPartition(
                     f"partition {partition} of {topic} does not exist ({count} partitions)"

@@ -21,6 +21,7 @@ from sidecar.service.admin import TopicAdmin, TopicDescription
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
+from sidecar.service.topic_ports import DirectoryKafka
 
 TOKEN = "s3cret-tøken"
 Client = TestClient[web.Request, web.Application]
@@ -56,6 +57,7 @@ async def client() -> AsyncIterator[Client]:
         cast(TopicAdmin, _Admin()),
         cast(ChangeRunner, object()),
         SidecarMetrics(),
+        cast(DirectoryKafka, object()),
     )
     async with TestClient(TestServer(app)) as test_client:
         yield test_client

@@ -46,6 +46,7 @@ from sidecar.service.admin import CreateTopic, LockHolding, TopicAdmin, TopicDes
 from sidecar.service.changes import ChangeRequest, ChangeRunner
 from sidecar.service.produce import ProduceOutcome, ProduceService
 from sidecar.service.registry import TopicRegistry
+from sidecar.service.topic_ports import DirectoryKafka
 from tests.unit.service.fakes import Registry, expanded_log
 
 Client = TestClient[web.Request, web.Application]
@@ -193,6 +194,7 @@ class _Sidecar:
             cast(TopicAdmin, self.admin),
             cast(ChangeRunner, self.changes),
             self.metrics,
+            cast(DirectoryKafka, self.registry.kafka),
         )
 
     def requests(self, topic: str, outcome: str) -> float | None:
@@ -799,7 +801,7 @@ async def test_a_data_token_of_other_bytes_than_utf8_is_a_401(sidecar: _Sidecar)
     assert json.loads(body)["error_code"] == 40102
 
 
-async def test_the_discovery_routes_read_the_registrys_kafka(client: Client) -> None:
+async def test_the_discovery_routes_read_kafka_through_the_directory(client: Client) -> None:
     async with client.get("/topics") as response:
         assert response.status == 200
         assert await response.json(content_type=None) == ["orders", "plain"]

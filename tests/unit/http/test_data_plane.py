@@ -21,6 +21,7 @@ from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
 from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
+from sidecar.service.topic_ports import DirectoryKafka
 
 Client = TestClient[web.Request, web.Application]
 TOKEN = "data-s3cret"
@@ -49,6 +50,7 @@ def _data_app(registry: _Registry, data_token: str = "") -> web.Application:
         cast(TopicAdmin, object()),
         cast(ChangeRunner, object()),
         SidecarMetrics(),
+        cast(DirectoryKafka, object()),
     )
 
 

@@ -27,6 +27,7 @@ from sidecar.service.changes import ChangeRunner
 from sidecar.service.consumers import Consumers
 from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
+from sidecar.service.topic_ports import DirectoryKafka
 
 Client = TestClient[web.Request, web.Application]
 
@@ -79,6 +80,7 @@ async def client() -> AsyncIterator[Client]:
         cast(TopicAdmin, _Untouchable()),
         cast(ChangeRunner, _Untouchable()),
         metrics,
+        cast(DirectoryKafka, _Untouchable()),
     )
     add_consumer_routes(app, cast(Consumers, _Untouchable()))
     async with TestClient(TestServer(app)) as test_client:

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from openapi_spec_validator import validate
 
+from sidecar.adapters.kafka import KafkaGateway
 from sidecar.config import Settings
 from sidecar.http.app import build_app
 from sidecar.http.consumer_routes import add_routes as add_consumer_routes
@@ -73,6 +74,7 @@ def app() -> web.Application:
         _stand_in(TopicAdmin),
         _stand_in(ChangeRunner),
         SidecarMetrics(),
+        _stand_in(KafkaGateway),
     )
     add_consumer_routes(application, _stand_in(Consumers))
     return application

@@ -12,6 +12,7 @@ from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.service.topic_ports import (
     AdminKafka,
     AdminStore,
+    DirectoryKafka,
     ProduceKafka,
     ProducerRegistration,
     RegistryStore,
@@ -27,6 +28,7 @@ from tests.support.ports import assert_adapter_offers, port_properties
         (RegistryStore, MetadataStore),
         (ProducerRegistration, MetadataStore),
         (ProduceKafka, KafkaGateway),
+        (DirectoryKafka, KafkaGateway),
     ],
 )
 def test_every_method_of_a_port_is_the_adapters(port: type, adapter: type) -> None:

@@ -17,6 +17,7 @@ from sidecar.core.errors import PartitionReadOnly, UnknownPartition, UnknownTopi
 from sidecar.core.generations import PartitionMode
 from sidecar.core.topics import TopicConfig, TopicState
 from sidecar.service.registry import TopicRegistry
+from sidecar.service.topic_ports import DirectoryKafka
 from sidecar.service.topics import PartitionView, TopicDirectory, TopicView
 from tests.unit.service.fakes import expanded_log
 
@@ -84,7 +85,7 @@ def directory(
 ) -> tuple[TopicDirectory, _Kafka]:
     kafka = _Kafka(counts, configs or {})
     registry = _Registry(kafka, states or {})
-    return TopicDirectory(cast(TopicRegistry, registry)), kafka
+    return TopicDirectory(cast(TopicRegistry, registry), cast(DirectoryKafka, kafka)), kafka
 
 
 async def test_the_cluster_is_described_as_kafka_describes_it() -> None:
