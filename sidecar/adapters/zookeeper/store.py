@@ -22,7 +22,7 @@ from sidecar.adapters.zookeeper.session import Session
 from sidecar.adapters.zookeeper.sidecars import Sidecars
 from sidecar.adapters.zookeeper.topics import Topics
 from sidecar.config import ZooKeeperSecuritySettings
-from sidecar.core.generations import Generation, PartitionMode
+from sidecar.core.generations import Generation, GenerationLog, PartitionMode
 from sidecar.core.participant import SessionState
 from sidecar.core.procedures import Operation, SidecarId, TransactionalId
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
@@ -166,6 +166,13 @@ class MetadataStore:
     async def read_topic(self, topic: str) -> TopicState:
         """Everything about one topic at one moment. Raises UnknownTopic if unmanaged."""
         return await self._topics.read_topic(topic)
+
+    async def compact_log(self, topic: str, log: GenerationLog, compacted: GenerationLog) -> int:
+        """Replace the stored ``log`` by ``compacted``, its folded generations' nodes
+        deleted, in one multi-op; returns how many were. Hold ``lock(topic)``. Raises
+        OperationInProgress if a change is in progress or the stored log is not ``log``
+        any more (nothing is written then), UnknownTopic."""
+        return await self._topics.compact_log(topic, log, compacted)
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being

@@ -17,18 +17,26 @@ from typing import Any
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
-from sidecar.adapters.zookeeper.connection import ZooKeeperConnection, commit, encode
+from sidecar.adapters.zookeeper.connection import (
+    RACE_ERRORS,
+    ZooKeeperConnection,
+    commit,
+    encode,
+)
 from sidecar.adapters.zookeeper.operations import Operations
-from sidecar.core.errors import TopicAlreadyManaged, UnknownTopic
-from sidecar.core.generations import Generation, PartitionMode
+from sidecar.core.errors import OperationInProgress, TopicAlreadyManaged, UnknownTopic
+from sidecar.core.generations import Generation, GenerationLog, PartitionMode
+from sidecar.core.procedures import FINAL_PHASES
 from sidecar.core.serialization import (
     config_from_json,
     config_to_json,
+    folded_to_json,
     generation_from_json,
     generation_to_json,
     log_from_generations,
     modes_from_json,
     modes_to_json,
+    operation_from_json,
     pending_from_json,
 )
 from sidecar.core.topics import TopicConfig, TopicState
@@ -92,39 +100,120 @@ class Topics:
                 raise UnknownTopic(f"topic {topic!r} is not managed") from exc
             head = json.loads(raw)
             config = config_from_json(head["config"])
-            generations = self._committed_generations(topic, path, stat.czxid)
+            folded = head.get("folded")
+            first = _first_kept(folded)
+            generations = self._committed_generations(topic, path, stat.czxid, first)
             partitions = json.loads(self._connection.client.get(f"{path}/partitions")[0])
             pending = self._connection.get_json(f"{path}/pending")
             operation = self._operations.read_operation_blocking(topic)
-            # The reads above are not one snapshot: a commit moves the topic node, so an
-            # unchanged topic node means no commit landed in between.
+            # The reads above are not one snapshot: a commit and a compaction move the
+            # topic node, so an unchanged topic node means neither landed in between.
             after = self._connection.client.exists(path)
             if after is not None and after.mzxid == stat.mzxid:
                 break
         return TopicState(
             config=config,
-            log=log_from_generations(config.initial_count, generations),
+            log=log_from_generations(config.initial_count, generations, folded),
             modes=modes_from_json(partitions["modes"]),
             delete_after=_delete_after_from_json(partitions["delete_after"]),
             pending=None if pending is None else pending_from_json(pending),
             operation=operation,
         )
 
-    def _committed_generations(self, topic: str, path: str, created: int) -> list[Generation]:
-        """The topic's committed generations, in order; only those not read before are
-        read from ZooKeeper (every sidecar reads the log at every change: with a long log
-        that was one read per generation, each time)."""
+    def _committed_generations(
+        self, topic: str, path: str, created: int, first: int = 0
+    ) -> list[Generation]:
+        """The topic's committed generations from ``first`` (the first one a compacted log
+        keeps), in order; only those not read before are read from ZooKeeper (every
+        sidecar reads the log at every change: with a long log that was one read per
+        generation, each time).
+
+        A compaction may delete generation nodes between the listing and their reads: a
+        node gone is left out, and the caller, which finds the topic node moved, reads
+        again. Nothing is kept of a node no longer listed or below ``first``."""
         known_created, known = self._generations.get(topic, (created, {}))
         if known_created != created:
             known = {}
-        names = sorted(self._connection.client.get_children(f"{path}/generations"))
+        names = sorted(
+            name
+            for name in self._connection.client.get_children(f"{path}/generations")
+            if int(name) >= first
+        )
+        kept: dict[str, Generation] = {}
         for name in names:
             if name not in known:
-                data = self._connection.client.get(f"{path}/generations/{name}")[0]
+                try:
+                    data = self._connection.client.get(f"{path}/generations/{name}")[0]
+                except NoNodeError:
+                    continue  # folded meanwhile: the topic node moved, read again
                 known[name] = generation_from_json(json.loads(data))
-        kept = {name: known[name] for name in names}  # nothing kept of removed ones
+            kept[name] = known[name]
         self._generations[topic] = (created, kept)
         return list(kept.values())
+
+    async def compact_log(self, topic: str, log: GenerationLog, compacted: GenerationLog) -> int:
+        """Replace the stored ``log`` by ``compacted`` (``sidecar.core.compaction.compact``
+        of it): the topic node's folded part written and the folded generations' nodes
+        deleted in one multi-op, so a reader sees the old log or the new one, and a
+        compactor that dies or loses its session before the commit leaves the old one.
+        Returns how many generation nodes it deleted (0 if ``compacted`` folds nothing
+        more than is stored).
+
+        Hold ``lock(topic)``. The multi-op is conditional on the topic node's version as
+        read here and on ``log`` being the stored one (the same current and first
+        generation), and on the journal's version: a commit or a change started meanwhile
+        fails it and nothing is written. Raises OperationInProgress if the journal holds
+        a change not finished (its generation may be the one to fold next), or if the
+        stored log is not ``log`` any more (read it again); UnknownTopic.
+        """
+        return await self._connection.run(self._compact_log, topic, log, compacted)
+
+    def _compact_log(self, topic: str, log: GenerationLog, compacted: GenerationLog) -> int:
+        if compacted.current != log.current or compacted.first_number < log.first_number:
+            raise ValueError("a compaction keeps the current generation and folds forward")
+        path = self._connection.topic_path(topic)
+        try:
+            raw, stat = self._connection.client.get(path)
+        except NoNodeError as exc:
+            raise UnknownTopic(f"topic {topic!r} is not managed") from exc
+        head = json.loads(raw)
+        stored_first = _first_kept(head.get("folded"))
+        if head["current_generation"] != log.current.number or stored_first != log.first_number:
+            raise OperationInProgress(
+                f"the generation log of {topic!r} changed since it was read "
+                f"(generations {stored_first}..{head['current_generation']} stored)"
+            )
+        if compacted.first_number == stored_first:
+            return 0
+        ops_path = self._connection.ops_path(topic)
+        try:
+            ops_raw, ops_stat = self._connection.client.get(ops_path)
+        except NoNodeError:
+            ops_stat = None
+        else:
+            operation = operation_from_json(json.loads(ops_raw))
+            if operation.phase not in FINAL_PHASES:
+                raise OperationInProgress(
+                    f"a change of {topic!r} is in progress ({operation.phase.value})"
+                )
+        head["folded"] = folded_to_json(compacted)
+        transaction = self._connection.client.transaction()
+        transaction.set_data(path, encode(head), version=stat.version)
+        if ops_stat is not None:
+            transaction.check(ops_path, ops_stat.version)
+        deleted = 0
+        for name in self._connection.client.get_children(f"{path}/generations"):
+            if int(name) < compacted.first_number:
+                transaction.delete(f"{path}/generations/{name}")
+                deleted += 1
+        try:
+            commit(transaction)
+        except RACE_ERRORS as exc:
+            # A commit, a change or another compaction got there first: nothing written.
+            raise OperationInProgress(
+                f"the generation log of {topic!r} changed during its compaction"
+            ) from exc
+        return deleted
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being
@@ -213,6 +302,16 @@ class Topics:
             with suppress(BadVersionError):
                 self._connection.client.set(path, data, version=stat.version)
                 return
+
+
+def _first_kept(folded: Any) -> int:
+    """The first generation a stored log keeps: 0 unless it was compacted."""
+    if folded is None:
+        return 0
+    first = folded.get("first_generation") if isinstance(folded, dict) else None
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise ValueError(f"malformed folded generations: {folded!r}")
+    return first
 
 
 def _topic_json(config: TopicConfig, current_generation: int) -> dict[str, Any]:
