@@ -116,7 +116,13 @@ class SidecarServer:
         )
         self.produce = ProduceService(settings, self.sidecar, self.kafka, self.metrics)
         self.app = build_app(
-            settings, self.sidecar, self.produce, self.admin, self.changes, self.metrics
+            settings,
+            self.sidecar,
+            self.produce,
+            self.admin,
+            self.changes,
+            self.compactor,
+            self.metrics,
         )
         add_consumer_routes(self.app, self.consumers)
         self.connections = ConnectionGuard(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Protocol
 
 from sidecar.core.compaction import GroupHandoff, compact, foldable_count
@@ -56,6 +57,16 @@ class CompactionOffsets(Protocol):
     async def committed_offsets(self, group: str, topic: str, count: int) -> dict[int, int]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """What one pass did: how many generations it folded, and the log it left."""
+
+    folded: int
+    first_generation: int
+    """The first generation the stored log keeps now (0: never compacted)."""
+    current_generation: int
+
+
 class Compactor:
     """Compacts one topic's generation log at a time, as far as its records are gone."""
 
@@ -78,22 +89,25 @@ class Compactor:
         self.batch = batch
         self.lock_timeout_s = lock_timeout_s
 
-    async def compact(self, topic: str) -> int:
-        """One pass over ``topic``; returns how many generations it folded (0: none could
-        be, or a change is in progress).
+    async def compact(self, topic: str, *, lock_timeout_s: float | None = None) -> Compaction:
+        """One pass over ``topic``: what it folded (nothing if nothing could be, or a
+        change is in progress). ``lock_timeout_s``: how long to wait for the topic's
+        lock (the compactor's own timeout unless given).
 
         Raises SidecarError subclasses (OperationInProgress while another sidecar holds
         the topic's lock or the log changed under the write, MetadataUnavailable,
         KafkaUnavailable, UnknownTopic): the caller tries again at its next pass. What
         was folded before such an error stays folded.
         """
-        async with self.store.lock(topic, self.sidecar_id, self.lock_timeout_s, "compaction"):
+        wait_s = self.lock_timeout_s if lock_timeout_s is None else lock_timeout_s
+        async with self.store.lock(topic, self.sidecar_id, wait_s, "compaction"):
             state = await self.store.read_topic(topic)
-            if state.operation is not None and state.operation.phase not in FINAL_PHASES:
-                return 0  # a change in progress: its coordinator, or a resumer, goes first
             log = state.log
+            unchanged = Compaction(0, log.first_number, log.current.number)
+            if state.operation is not None and state.operation.phase not in FINAL_PHASES:
+                return unchanged  # a change in progress: its coordinator goes first
             if len(log.generations) == 1:
-                return 0  # only the current generation: never folded
+                return unchanged  # only the current generation: never folded
             first = await self._foldable(topic, log, len(state.modes))
             folded = 0
             while log.first_number < first:
@@ -110,7 +124,7 @@ class Compactor:
                     folded,
                     log.first_number,
                 )
-            return folded
+            return Compaction(folded, log.first_number, log.current.number)
 
     async def _foldable(self, topic: str, log: GenerationLog, count: int) -> int:
         """The number of the first generation the log may keep (``foldable_count``),

@@ -119,36 +119,36 @@ def _folded(metrics: SidecarMetrics) -> float:
 async def test_nothing_is_folded_while_a_record_of_every_old_generation_is_left() -> None:
     store = Store(_log(4))
     compactor, metrics = _compactor(store, Kafka([0, 0], {}))
-    assert await compactor.compact(TOPIC) == 0
+    assert (await compactor.compact(TOPIC)).folded == 0
     assert store.writes == []
     assert _folded(metrics) == 0
     # One partition's log start past the boundaries, the other's not: still nothing.
     compactor, _ = _compactor(store, Kafka([40, 9], {}))
-    assert await compactor.compact(TOPIC) == 0
+    assert (await compactor.compact(TOPIC)).folded == 0
 
 
 async def test_the_generations_whose_records_are_gone_are_folded() -> None:
     store = Store(_log(4))
     compactor, metrics = _compactor(store, Kafka([25, 31], {}))
     # Generation 2's boundaries (20, 20) are at or below both log starts, 3's (30) not.
-    assert await compactor.compact(TOPIC) == 2
+    assert (await compactor.compact(TOPIC)).folded == 2
     assert store.log == compact(_log(4), 2)
     assert store.writes == [(0, 2)]
     assert _folded(metrics) == 2
     # Again, with nothing more gone: nothing more folded, nothing written.
-    assert await compactor.compact(TOPIC) == 0
+    assert (await compactor.compact(TOPIC)).folded == 0
     assert store.writes == [(0, 2)]
 
 
 async def test_the_current_generation_is_never_folded() -> None:
     store = Store(_log(3))
     compactor, _ = _compactor(store, Kafka([1000, 1000], {}))
-    assert await compactor.compact(TOPIC) == 3
+    assert (await compactor.compact(TOPIC)).folded == 3
     assert store.log.first_number == store.log.current.number == 3
     # Only the current generation left: not even Kafka is asked.
     kafka = Kafka([1000, 1000], {})
     compactor, _ = _compactor(store, kafka)
-    assert await compactor.compact(TOPIC) == 0
+    assert (await compactor.compact(TOPIC)).folded == 0
     assert kafka.reads == 0
 
 
@@ -159,13 +159,13 @@ async def test_a_group_that_owes_a_revocation_stops_the_fold_at_its_change() -> 
     # change 1 moved keys away from there, and acknowledge it.
     kafka = Kafka([45, 45], {"billing": {0: 45}})
     compactor, _ = _compactor(store, kafka)
-    assert await compactor.compact(TOPIC) == 0
+    assert (await compactor.compact(TOPIC)).folded == 0
     # Acknowledged: change 1 may go; change 3 moved keys away from partition 0 again,
     # and is owed too.
     store.acknowledged["billing"] = {(0, 1)}
-    assert await compactor.compact(TOPIC) == 2
+    assert (await compactor.compact(TOPIC)).folded == 2
     store.acknowledged["billing"] = {(0, 1), (0, 3)}
-    assert await compactor.compact(TOPIC) == 2
+    assert (await compactor.compact(TOPIC)).folded == 2
     assert store.log == compact(_log(4), 4)
 
 
@@ -174,13 +174,13 @@ async def test_a_group_that_never_committed_in_the_source_owes_nothing() -> None
     store.acknowledged = {"audit": set()}
     compactor, _ = _compactor(store, Kafka([45, 45], {"audit": {1: 45}}))
     # audit read only partition 1: change 2 (keys away from 1) is owed, change 1 not.
-    assert await compactor.compact(TOPIC) == 1
+    assert (await compactor.compact(TOPIC)).folded == 1
 
 
 async def test_a_long_prefix_is_folded_in_batches_each_a_valid_log() -> None:
     store = Store(_log(7))
     compactor, metrics = _compactor(store, Kafka([65, 65], {}), batch=2)
-    assert await compactor.compact(TOPIC) == 6
+    assert (await compactor.compact(TOPIC)).folded == 6
     assert store.writes == [(0, 2), (2, 4), (4, 6)]
     assert store.log == compact(_log(7), 6)
     assert _folded(metrics) == 6
@@ -196,7 +196,7 @@ async def test_a_pass_that_dies_before_writing_leaves_the_old_log() -> None:
     assert store.lock_holder is None
     assert _folded(metrics) == 0
     # The next pass (here the same sidecar's) does it all.
-    assert await compactor.compact(TOPIC) == 4
+    assert (await compactor.compact(TOPIC)).folded == 4
 
 
 async def test_a_pass_that_dies_between_batches_leaves_a_log_the_next_one_completes() -> None:
@@ -206,7 +206,7 @@ async def test_a_pass_that_dies_between_batches_leaves_a_log_the_next_one_comple
     with pytest.raises(MetadataUnavailable):
         await compactor.compact(TOPIC)
     assert store.log == compact(_log(7), 2)
-    assert await compactor.compact(TOPIC) == 4
+    assert (await compactor.compact(TOPIC)).folded == 4
     assert store.log == compact(_log(7), 6)
 
 
@@ -248,12 +248,12 @@ async def test_nothing_is_folded_while_a_change_is_in_progress() -> None:
     store.state = dataclasses.replace(store.state, operation=operation)
     kafka = Kafka([45, 45], {})
     compactor, _ = _compactor(store, kafka)
-    assert await compactor.compact(TOPIC) == 0
+    assert (await compactor.compact(TOPIC)).folded == 0
     assert kafka.reads == 0
     store.state = dataclasses.replace(
         store.state, operation=dataclasses.replace(operation, phase=Phase.DONE)
     )
-    assert await compactor.compact(TOPIC) == 4
+    assert (await compactor.compact(TOPIC)).folded == 4
 
 
 async def test_only_the_lock_holder_compacts() -> None:
