@@ -72,6 +72,7 @@ class SidecarServer:
             kill_after_phase=Phase(faults.kill_after_phase) if faults.kill_after_phase else None,
             withhold_barrier_acks=faults.withhold_barrier_acks,
             stop_before_commit=faults.stop_before_commit,
+            stop_before_compaction_write=faults.stop_before_compaction_write,
         )
         self.sidecar = TopicRegistry(
             settings, self.store, self.kafka, self.metrics, faults=self.faults
@@ -108,6 +109,7 @@ class SidecarServer:
             self.metrics,
             batch=settings.changes.compaction_batch,
             lock_timeout_s=settings.changes.retirement_lock_timeout_s,
+            faults=self.faults,
         )
         self._next_compaction: dict[str, float] = {}
         """Per managed topic, when (monotonic) this sidecar next tries to compact it."""

@@ -60,6 +60,7 @@ def settings_for(
     kill_after_phase: str = "",
     withhold_barrier_acks: bool = False,
     stop_before_commit: int = 0,
+    stop_before_compaction_write: bool = False,
     zookeeper_hosts: str | None = None,
     request_timeout_ms: int | None = None,
     transaction_lanes: int | None = None,
@@ -98,6 +99,7 @@ def settings_for(
             kill_after_phase=kill_after_phase,
             withhold_barrier_acks=withhold_barrier_acks,
             stop_before_commit=stop_before_commit,
+            stop_before_compaction_write=stop_before_compaction_write,
         ),
     )
 

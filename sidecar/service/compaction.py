@@ -25,6 +25,7 @@ from sidecar.core.compaction import GroupHandoff, compact, foldable_count
 from sidecar.core.generations import GenerationLog
 from sidecar.core.procedures import FINAL_PHASES
 from sidecar.core.topics import TopicState
+from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
 
 _log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Compactor:
         *,
         batch: int = 1000,
         lock_timeout_s: float = 0.5,
+        faults: FaultHooks | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError(f"a compaction folds at least one generation, not {batch}")
@@ -88,6 +90,7 @@ class Compactor:
         self.metrics = metrics
         self.batch = batch
         self.lock_timeout_s = lock_timeout_s
+        self.faults = faults or FaultHooks()
 
     async def compact(self, topic: str, *, lock_timeout_s: float | None = None) -> Compaction:
         """One pass over ``topic``: what it folded (nothing if nothing could be, or a
@@ -110,6 +113,8 @@ class Compactor:
                 return unchanged  # only the current generation: never folded
             first = await self._foldable(topic, log, len(state.modes))
             folded = 0
+            if log.first_number < first:
+                self.faults.before_compaction_write(topic)
             while log.first_number < first:
                 compacted = compact(log, min(first, log.first_number + self.batch))
                 await self.store.compact_log(topic, log, compacted)

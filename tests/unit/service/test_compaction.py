@@ -17,6 +17,7 @@ from sidecar.core.errors import MetadataUnavailable, OperationInProgress
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
 from sidecar.core.topics import TopicConfig, TopicState
+from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.compaction import Compactor
 
@@ -268,3 +269,19 @@ async def test_only_the_lock_holder_compacts() -> None:
 def test_a_batch_folds_at_least_one_generation() -> None:
     with pytest.raises(ValueError, match="at least one"):
         Compactor("s1", Store(_log(1)), Kafka([], {}), SidecarMetrics(), batch=0)
+
+
+async def test_the_fault_hook_runs_after_the_fold_is_decided_and_before_it_is_written() -> None:
+    store = Store(_log(4))
+    seen: list[tuple[str, list[tuple[int, int]], str | None]] = []
+
+    class Hooks(FaultHooks):
+        def before_compaction_write(self, topic: str) -> None:
+            seen.append((topic, list(store.writes), store.lock_holder))
+
+    metrics = SidecarMetrics()
+    compactor = Compactor("s1", store, Kafka([45, 45], {}), metrics, batch=2, faults=Hooks())
+    assert (await compactor.compact(TOPIC)).folded == 4
+    assert seen == [(TOPIC, [], "s1")]  # once per pass, holding the lock, nothing written
+    assert (await compactor.compact(TOPIC)).folded == 0
+    assert len(seen) == 1  # nothing to fold: not called
