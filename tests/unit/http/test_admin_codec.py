@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
+from ordered_dev.harness.sidecars import log_of_description
 from sidecar.core.compaction import compact
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
@@ -68,3 +70,12 @@ def test_a_compacted_log_is_described_from_its_first_kept_generation() -> None:
     shrink = {"partition": 0, "source": 1, "boundary": 4, "generation": 2, "kind": "shrink"}
     assert shrink in body["folded_waits"]
     assert len(body["folded_waits"]) == len(compacted.folded_waits)
+
+
+def test_a_description_carries_enough_to_rebuild_a_compacted_log() -> None:
+    state = _state()
+    shrunk = state.log.append(state.log.next_generation(1, [Boundary(9, 3), Boundary(4)]))
+    grown = shrunk.append(shrunk.next_generation(2, [Boundary(12), Boundary(4)]))
+    for log in (grown, compact(grown, 2), compact(grown, 3)):
+        body = json.loads(json.dumps(topic_body(dataclasses.replace(state, log=log))))
+        assert log_of_description(body) == log
