@@ -11,8 +11,10 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sidecar.core.compaction import compact
+from sidecar.core.compaction import compact, foldable_count
 from sidecar.core.errors import MetadataUnavailable, OperationInProgress
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
@@ -20,6 +22,8 @@ from sidecar.core.topics import TopicConfig, TopicState
 from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.compaction import Compactor
+from tests.support.retained_topic import RetainedTopic, assert_same_decisions, retained_topics
+from tests.unit.adapters.zookeeper.support import memory_topics, stored_topic
 
 TOPIC = "orders"
 
@@ -285,3 +289,53 @@ async def test_the_fault_hook_runs_after_the_fold_is_decided_and_before_it_is_wr
     assert seen == [(TOPIC, [], "s1")]  # once per pass, holding the lock, nothing written
     assert (await compactor.compact(TOPIC)).folded == 0
     assert len(seen) == 1  # nothing to fold: not called
+
+
+class StoredTopic:
+    """The pass's store over the adapter's own topic reads and writes (``Topics``), on
+    ZooKeeper in memory: what it writes is what every sidecar reads back."""
+
+    def __init__(self, log: GenerationLog) -> None:
+        self.client, self.topics = stored_topic(log, TOPIC)
+        self.writes = 0
+
+    def lock(
+        self, topic: str, owner: str, timeout: float, purpose: str = "change"
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
+    async def read_topic(self, topic: str) -> TopicState:
+        return await self.topics.read_topic(topic)
+
+    async def known_groups(self) -> list[str]:
+        return []
+
+    async def acknowledged_revocations(self, group: str, topic: str) -> set[tuple[int, int]]:
+        raise AssertionError("no group is known")
+
+    async def compact_log(self, topic: str, log: GenerationLog, compacted: GenerationLog) -> int:
+        self.writes += 1
+        return await self.topics.compact_log(topic, log, compacted)
+
+
+@settings(max_examples=100, deadline=None)
+@given(retained=retained_topics(), batch=st.integers(1, 4))
+def test_a_stored_log_compacted_by_passes_decides_every_remaining_record_the_same(
+    retained: RetainedTopic, batch: int
+) -> None:
+    """Random changes and retention; the pass folds the stored full log in batches, and
+    the log read back from ZooKeeper is the core's fold, deciding every record still in
+    Kafka as the full log does."""
+    store = StoredTopic(retained.full)
+    kafka = Kafka(retained.log_start, {})
+    compactor = Compactor("s1", store, kafka, SidecarMetrics(), batch=batch)
+    done = asyncio.run(compactor.compact(TOPIC))
+    first = foldable_count(retained.full, retained.starts, groups=())
+    assert done.first_generation == first
+    assert done.folded == first
+    assert store.writes == -(-first // batch)  # ceiling: one multi-op per batch
+    stored = asyncio.run(memory_topics(store.client).read_topic(TOPIC)).log
+    assert stored == compact(retained.full, first)
+    assert_same_decisions(retained, stored)
+    nodes = store.client.get_children(f"/ordered/topics/{TOPIC}/generations")
+    assert sorted(int(name) for name in nodes) == [g.number for g in stored.generations]

@@ -3,6 +3,7 @@ fake (it never connects), believed CONNECTED, and a kazoo node stat."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,7 +16,12 @@ from kazoo.exceptions import (
 )
 
 from sidecar.adapters.zookeeper.connection import ZooKeeperConnection
+from sidecar.adapters.zookeeper.operations import Operations
+from sidecar.adapters.zookeeper.topics import Topics, encode_generation, encode_partitions
+from sidecar.core.generations import GenerationLog, PartitionMode
 from sidecar.core.participant import SessionState
+from sidecar.core.serialization import config_to_json
+from sidecar.core.topics import TopicConfig
 
 
 def connection(client: Any, *, root: str = "/ordered", attempts: int = 5) -> ZooKeeperConnection:
@@ -144,3 +150,25 @@ class MemoryTransaction:
                     for index in range(len(self._operations))
                 ]
         return results
+
+
+def stored_topic(log: GenerationLog, topic: str = "t") -> tuple[MemoryZooKeeper, Topics]:
+    """``log`` stored in ZooKeeper in memory as the sidecars store a topic's (under the
+    default root), and the ``Topics`` part of a store reading it."""
+    client = MemoryZooKeeper()
+    path = f"/ordered/topics/{topic}"
+    config = TopicConfig(topic, log.initial_count, 1)
+    head = {"config": config_to_json(config), "current_generation": log.current.number}
+    client.create(path, json.dumps(head).encode())
+    client.create(f"{path}/generations")
+    for generation in log.generations:
+        client.create(f"{path}/generations/{generation.number:010d}", encode_generation(generation))
+    modes = (PartitionMode.READ_WRITE,) * log.current.physical_count
+    client.create(f"{path}/partitions", encode_partitions(modes, (None,) * len(modes)))
+    return client, memory_topics(client)
+
+
+def memory_topics(client: MemoryZooKeeper) -> Topics:
+    """The ``Topics`` part of a store over ``client``."""
+    made = connection(client)
+    return Topics(made, Operations(made, lock_poll_s=0.01))

@@ -11,15 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from sidecar.adapters.zookeeper.operations import Operations
-from sidecar.adapters.zookeeper.topics import Topics, encode_generation, encode_partitions
+from sidecar.adapters.zookeeper.topics import encode_generation
 from sidecar.core.compaction import compact
 from sidecar.core.errors import OperationInProgress
-from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
+from sidecar.core.generations import Boundary, GenerationLog
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
-from sidecar.core.serialization import config_to_json, operation_to_json
-from sidecar.core.topics import TopicConfig
-from tests.unit.adapters.zookeeper.support import MemoryZooKeeper, connection
+from sidecar.core.serialization import operation_to_json
+from tests.unit.adapters.zookeeper.support import MemoryZooKeeper, memory_topics, stored_topic
 
 TOPIC = "t"
 PATH = "/ordered/topics/t"
@@ -34,24 +32,6 @@ def _log(changes: int) -> GenerationLog:
         offset = 10 * (index + 1)
         log = log.append(log.next_generation(count, [Boundary(offset), Boundary(offset)]))
     return log
-
-
-def _stored(log: GenerationLog) -> tuple[MemoryZooKeeper, Topics]:
-    client = MemoryZooKeeper()
-    config = TopicConfig(TOPIC, log.initial_count, 1)
-    head = {"config": config_to_json(config), "current_generation": log.current.number}
-    client.create(PATH, json.dumps(head).encode())
-    client.create(f"{PATH}/generations")
-    for generation in log.generations:
-        client.create(f"{PATH}/generations/{generation.number:010d}", encode_generation(generation))
-    modes = (PartitionMode.READ_WRITE,) * log.current.physical_count
-    client.create(f"{PATH}/partitions", encode_partitions(modes, (None,) * len(modes)))
-    return client, _topics(client)
-
-
-def _topics(client: MemoryZooKeeper) -> Topics:
-    made = connection(client)
-    return Topics(made, Operations(made, lock_poll_s=0.01))
 
 
 def _generation_nodes(client: MemoryZooKeeper) -> list[int]:
@@ -76,7 +56,7 @@ def _journal(client: MemoryZooKeeper, phase: Phase) -> None:
 
 async def test_a_compaction_replaces_the_stored_log_in_one_multi_op() -> None:
     log = _log(4)
-    client, topics = _stored(log)
+    client, topics = stored_topic(log)
     assert (await topics.read_topic(TOPIC)).log == log
     compacted = compact(log, 3)
     assert await topics.compact_log(TOPIC, log, compacted) == 3
@@ -93,8 +73,8 @@ async def test_a_compaction_replaces_the_stored_log_in_one_multi_op() -> None:
 
 async def test_a_reader_that_cached_the_old_log_reads_the_compacted_one() -> None:
     log = _log(4)
-    client, writer = _stored(log)
-    reader = _topics(client)
+    client, writer = stored_topic(log)
+    reader = memory_topics(client)
     assert (await reader.read_topic(TOPIC)).log == log  # every node cached
     await writer.compact_log(TOPIC, log, compact(log, 2))
     assert (await reader.read_topic(TOPIC)).log == compact(log, 2)
@@ -109,7 +89,7 @@ async def test_a_reader_that_cached_the_old_log_reads_the_compacted_one() -> Non
 
 async def test_a_reader_whose_generation_nodes_are_folded_under_it_reads_again() -> None:
     log = _log(4)
-    client, writer = _stored(log)
+    client, writer = stored_topic(log)
 
     class Racing(MemoryZooKeeper):
         """Folds the log at the reader's first read of a generation node."""
@@ -125,14 +105,14 @@ async def test_a_reader_whose_generation_nodes_are_folded_under_it_reads_again()
     racing = Racing()
     racing.nodes, racing._zxid = client.nodes, client._zxid
     writer._connection.client = racing
-    reader = _topics(racing)
+    reader = memory_topics(racing)
     assert (await reader.read_topic(TOPIC)).log == compact(log, 3)
     assert racing.raced
 
 
 async def test_a_commit_between_reading_and_writing_leaves_the_log_it_made() -> None:
     log = _log(4)
-    client, topics = _stored(log)
+    client, topics = stored_topic(log)
     before = dict(client.nodes)
 
     def commit_generation_5() -> None:
@@ -149,7 +129,7 @@ async def test_a_commit_between_reading_and_writing_leaves_the_log_it_made() -> 
 
 async def test_a_log_read_before_another_write_is_not_compacted() -> None:
     log = _log(4)
-    client, topics = _stored(log)
+    client, topics = stored_topic(log)
     await topics.compact_log(TOPIC, log, compact(log, 2))
     # A second compactor still holding the log it read before the first one wrote.
     with pytest.raises(OperationInProgress, match="changed since it was read"):
@@ -160,7 +140,7 @@ async def test_a_log_read_before_another_write_is_not_compacted() -> None:
 @pytest.mark.parametrize("phase", [Phase.BARRIER, Phase.COMMITTING, Phase.ROLLING_BACK])
 async def test_no_compaction_while_a_change_is_in_progress(phase: Phase) -> None:
     log = _log(4)
-    client, topics = _stored(log)
+    client, topics = stored_topic(log)
     _journal(client, phase)
     with pytest.raises(OperationInProgress, match="in progress"):
         await topics.compact_log(TOPIC, log, compact(log, 3))
@@ -169,7 +149,7 @@ async def test_no_compaction_while_a_change_is_in_progress(phase: Phase) -> None
 
 async def test_a_change_started_between_reading_and_writing_stops_the_compaction() -> None:
     log = _log(4)
-    client, topics = _stored(log)
+    client, topics = stored_topic(log)
     _journal(client, Phase.DONE)
 
     def start_a_change() -> None:
@@ -188,6 +168,6 @@ async def test_a_change_started_between_reading_and_writing_stops_the_compaction
 
 def test_a_compaction_must_keep_the_current_generation() -> None:
     log = _log(4)
-    _, topics = _stored(log)
+    _, topics = stored_topic(log)
     with pytest.raises(ValueError, match="keeps the current generation"):
         topics._compact_log(TOPIC, log, compact(_log(3), 2))
