@@ -116,7 +116,9 @@ class Compactor:
             if log.first_number < first:
                 self.faults.before_compaction_write(topic)
             while log.first_number < first:
-                compacted = compact(log, min(first, log.first_number + self.batch))
+                # Folded from the log as read, whose waits are computed once for every
+                # batch (``compact`` composes: the same log as folding the last batch).
+                compacted = compact(state.log, min(first, log.first_number + self.batch))
                 await self.store.compact_log(topic, log, compacted)
                 count = compacted.first_number - log.first_number
                 folded += count
