@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -43,6 +44,7 @@ from sidecar.http.ops import build_ops_app
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
+from sidecar.service.compaction import Compactor
 from sidecar.service.consume_context import ConsumeContext, ConsumerMetrics
 from sidecar.service.consumers import Consumers
 from sidecar.service.produce import ProduceService
@@ -70,6 +72,7 @@ class SidecarServer:
             kill_after_phase=Phase(faults.kill_after_phase) if faults.kill_after_phase else None,
             withhold_barrier_acks=faults.withhold_barrier_acks,
             stop_before_commit=faults.stop_before_commit,
+            stop_before_compaction_write=faults.stop_before_compaction_write,
         )
         self.sidecar = TopicRegistry(
             settings, self.store, self.kafka, self.metrics, faults=self.faults
@@ -99,6 +102,17 @@ class SidecarServer:
             lock_timeout_s=settings.changes.retirement_lock_timeout_s,
             audit=self.sidecar.audit,
         )
+        self.compactor = Compactor(
+            settings.sidecar_id,
+            self.store,
+            self.kafka,
+            self.metrics,
+            batch=settings.changes.compaction_batch,
+            lock_timeout_s=settings.changes.retirement_lock_timeout_s,
+            faults=self.faults,
+        )
+        self._next_compaction: dict[str, float] = {}
+        """Per managed topic, when (monotonic) this sidecar next tries to compact it."""
         self.consumers = build_consumers(
             self.settings, self.sidecar, self.store, self.kafka, self.metrics
         )
@@ -109,6 +123,7 @@ class SidecarServer:
             self.produce,
             self.admin,
             self.changes,
+            self.compactor,
             self.metrics,
             self.kafka,
         )
@@ -237,7 +252,8 @@ class SidecarServer:
         truncation while no sidecar ran is reported at once, not at the next change);
         then, every round, release change locks left by interrupted attempts, finish
         changes nobody drives, withdraw barriers no change owns, and retire drained
-        partitions."""
+        partitions; and every ``changes.compaction_interval_s`` (jittered) per topic,
+        compact its generation log."""
         try:
             await self.changes.boundaries.report_lost(
                 {topic: runtime.state.log for topic, runtime in self.sidecar.topics.items()}
@@ -256,6 +272,8 @@ class SidecarServer:
                 _log.debug("leftover locks not checked: %s", exc.message)
             except Exception:
                 _log.exception("checking leftover locks failed; next round")
+            for gone in set(self._next_compaction) - set(self.sidecar.topics):
+                del self._next_compaction[gone]
             for topic, runtime in list(self.sidecar.topics.items()):
                 try:
                     await self.changes.resume_abandoned(topic, runtime.state.pending)
@@ -263,6 +281,8 @@ class SidecarServer:
                     # reads the topic again only where a partition waits to retire.
                     if PartitionMode.READ_ONLY in runtime.state.modes:
                         await self.retirer.retire(topic)
+                    if self._compaction_due(topic, len(runtime.state.log.generations)):
+                        await self.compactor.compact(topic)
                 except SidecarError as exc:
                     # Another sidecar holds the lock or ZooKeeper is away: next round.
                     _log.debug("housekeeping of %s deferred: %s", topic, exc.message)
@@ -271,6 +291,20 @@ class SidecarServer:
                     # (ended, no change would be resumed and no partition retired, and
                     # stop() would meet the error instead of shutting down).
                     _log.exception("housekeeping of %s failed; next round", topic)
+
+    def _compaction_due(self, topic: str, generations: int) -> bool:
+        """True once per ``changes.compaction_interval_s`` (jittered, from when this
+        sidecar first saw the topic) for a topic whose log has more than its current
+        generation; never with the interval 0. Due or not, a round costs no request."""
+        interval = self.settings.changes.compaction_interval_s
+        if interval <= 0:
+            return False
+        now = time.monotonic()
+        due = self._next_compaction.setdefault(topic, now + jittered(interval, random.random()))
+        if now < due or generations <= 1:
+            return False
+        self._next_compaction[topic] = now + jittered(interval, random.random())
+        return True
 
 
 async def _listen(site: web.BaseSite, setting: str, host: str, port: int) -> None:

@@ -25,6 +25,7 @@ class FaultHooks:
         kill_after_phase: Phase | None = None,
         withhold_barrier_acks: bool = False,
         stop_before_commit: int = 0,
+        stop_before_compaction_write: bool = False,
     ) -> None:
         self.kill_after_phase = kill_after_phase
         """SIGKILL this process right after it journals a change entering this phase."""
@@ -32,7 +33,11 @@ class FaultHooks:
         """Never ack a barrier, as a sidecar whose sends never settle: changes time out."""
         self.stop_before_commit = stop_before_commit
         """SIGSTOP this process before committing its Nth transaction (0: never), once."""
+        self.stop_before_compaction_write = stop_before_compaction_write
+        """SIGSTOP this process once, after a compaction read what it folds and before its
+        first write: a compactor paused (or, killed then, dead) holding the topic's lock."""
         self._stopped = False
+        self._compaction_stopped = False
 
     def phase_journaled(self, phase: Phase) -> None:
         if phase is self.kill_after_phase:
@@ -46,4 +51,12 @@ class FaultHooks:
             return
         self._stopped = True  # once: the writer that replaces this one commits on
         _log.warning("fault injection: stopping before the commit of %s", transactional_ids)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    def before_compaction_write(self, topic: str) -> None:
+        """Called under the topic's lock, the fold decided, before its first multi-op."""
+        if not self.stop_before_compaction_write or self._compaction_stopped:
+            return
+        self._compaction_stopped = True
+        _log.warning("fault injection: stopping before writing the compaction of %s", topic)
         os.kill(os.getpid(), signal.SIGSTOP)

@@ -154,6 +154,19 @@ class SidecarMetrics:
             ["topic"],
             registry=r,
         )
+        self.generation_log_length = Gauge(
+            "sidecar_topic_generation_log_length",
+            "Generations the topic's log keeps (from its first, once compacted, to the "
+            "current one), as this sidecar last read it.",
+            ["topic"],
+            registry=r,
+        )
+        self.generations_folded = Counter(
+            "sidecar_generations_folded_total",
+            "Generations this sidecar folded by compacting the topic's generation log.",
+            ["topic"],
+            registry=r,
+        )
         self.partition_count = Gauge(
             "sidecar_topic_undeleted_partitions",
             "Undeleted (read-write) partition count of each managed topic.",

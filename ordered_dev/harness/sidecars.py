@@ -35,6 +35,7 @@ from sidecar.config import (
     Settings,
     ZooKeeperSettings,
 )
+from sidecar.core.generations import GenerationLog
 
 ADMIN_TOKEN = "test-token"
 TEST_REPLICATION_MARGIN_MS = 1_000
@@ -60,6 +61,7 @@ def settings_for(
     kill_after_phase: str = "",
     withhold_barrier_acks: bool = False,
     stop_before_commit: int = 0,
+    stop_before_compaction_write: bool = False,
     zookeeper_hosts: str | None = None,
     request_timeout_ms: int | None = None,
     transaction_lanes: int | None = None,
@@ -98,6 +100,7 @@ def settings_for(
             kill_after_phase=kill_after_phase,
             withhold_barrier_acks=withhold_barrier_acks,
             stop_before_commit=stop_before_commit,
+            stop_before_compaction_write=stop_before_compaction_write,
         ),
     )
 
@@ -417,6 +420,23 @@ async def produce_until(
             await asyncio.sleep(pause_s)
 
 
+def log_of_description(description: dict[str, Any]) -> GenerationLog:
+    """The generation log an admin description of a topic shows (``GET
+    /admin/topics/{t}``), compacted or not."""
+    from sidecar.core.serialization import generation_from_json, log_from_generations
+
+    generations = [generation_from_json(g) for g in description["generations"]]
+    first = description.get("first_generation", 0)
+    folded = None
+    if first:
+        waits = [
+            [w["partition"], w["source"], w["boundary"], w["generation"], w["kind"]]
+            for w in description["folded_waits"]
+        ]
+        folded = {"first_generation": first, "waits": waits}
+    return log_from_generations(description["config"]["initial_count"], generations, folded)
+
+
 async def check_no_record_crossed_a_barrier(
     cluster: ClusterEndpoints, description: dict[str, Any]
 ) -> int:
@@ -425,12 +445,9 @@ async def check_no_record_crossed_a_barrier(
     count. Returns how many records were checked."""
     from sidecar.core.placement import record_stamp
     from sidecar.core.routing import partition_for_key
-    from sidecar.core.serialization import generation_from_json, log_from_generations
 
     config = description["config"]
-    log = log_from_generations(
-        config["initial_count"], [generation_from_json(g) for g in description["generations"]]
-    )
+    log = log_of_description(description)
     stored = await read_all(cluster, config["name"], description["physical_count"])
     checked = 0
     for partition, records in stored.items():

@@ -1,4 +1,4 @@
-"""`sidecar topics create|adopt|describe|expand|shrink|confirm-truncation`.
+"""`sidecar topics create|adopt|describe|expand|shrink|confirm-truncation|compact`.
 
 The topics commands call a running sidecar's admin API (``--url``, token from
 ``--token`` or ``ORDERED_SIDECAR_ADMIN_TOKEN``), so the sidecar that runs the change
@@ -61,6 +61,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="confirm that the records truncated below those boundaries are lost",
     )
+    compact = actions.add_parser(
+        "compact",
+        help="fold the generations whose records are gone from every partition, now",
+    )
+    compact.add_argument("topic")
     topics.set_defaults(handler=run_topics)
 
 
@@ -87,6 +92,8 @@ async def _topics(args: argparse.Namespace) -> int:
                 return await _call(session, "POST", f"/admin/topics/{args.topic}/adopt", body)
             if args.action == "describe":
                 return await _call(session, "GET", f"/admin/topics/{args.topic}", None)
+            if args.action == "compact":
+                return await _call(session, "POST", f"/admin/topics/{args.topic}/compaction", {})
             if args.action == "confirm-truncation":
                 return await _confirm_truncation(session, args)
             return await _change(session, args)

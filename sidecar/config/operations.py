@@ -87,3 +87,6 @@ class FaultSettings:
     stop_before_commit: int = 0
     """SIGSTOP this process before committing its Nth transaction, once its records were
     appended (0: never): a zombie with an open transaction, for the fencing tests."""
+    stop_before_compaction_write: bool = False
+    """SIGSTOP this process once, when a compaction of a generation log has decided what
+    to fold and not written it yet (holding the topic's lock): the compaction fault test."""

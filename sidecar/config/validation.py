@@ -81,6 +81,7 @@ _POSITIVE = {
         "lock_timeout_s",
         "retirement_lock_timeout_s",
         "housekeeping_interval_s",
+        "compaction_batch",
     ),
     "zookeeper": (
         "lock_poll_s",
@@ -346,5 +347,10 @@ def _validate(section: str, values: Any) -> None:
         _validate_zookeeper_security(values.security)
     if section in _POSITIVE:
         _validate_positive(section, values)
+    if section == "changes" and values.compaction_interval_s < 0:
+        raise ConfigError(
+            f"changes.compaction_interval_s must not be negative (0: off), got "
+            f"{values.compaction_interval_s}"
+        )
     if section == "kafka" and values.replication_margin_ms < 0:
         raise ConfigError("kafka.replication_margin_ms must not be negative")

@@ -130,10 +130,12 @@ def compact(log: GenerationLog, first_number: int) -> GenerationLog:
         for partition in range(base.physical_count)
         for wait in waits_into(log, partition, first_number)
     ]
-    compacted = GenerationLog.after_fold(log.initial_count, base, folded_waits)
-    for generation in log.generations[first_number - log.first_number + 1 :]:
-        compacted = compacted.append(generation)
-    return compacted
+    folded = GenerationLog.after_fold(log.initial_count, base, folded_waits)
+    # The kept generations follow one another as they did in ``log``, which checked each
+    # when it was appended; appending them again one by one would copy the tuple each
+    # time (seconds for a log of 10,000).
+    kept = log.generations[first_number - log.first_number :]
+    return GenerationLog(log.initial_count, kept, folded.folded_waits)
 
 
 def _records_gone_before(generation: Generation, log_start: Mapping[int, int]) -> bool:

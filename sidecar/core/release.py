@@ -17,7 +17,9 @@ The rules, for the records at the head of the partition's buffer (``ReleaseInput
 
    a. it was written under a generation the log knows (else ``ReadLog``, and the
       partition is done for this poll);
-   b. the log knows the generation of its offset;
+   b. the log knows the generation of its offset (a record of generations a compacted
+      log folded, buffered since before retention removed it, counts as of the first
+      generation it keeps: ``_generation_span``);
    c. the gate of that generation is open: every wait the group has to consume is
       consumed (``sidecar.core.gate``; the group's progress is needed for that:
       ``NeedProgress``; an unmet wait: ``Blocked``, done); the first time it is found
@@ -198,6 +200,31 @@ _Checked = Step | Literal[True] | None
 releases no more in this poll."""
 
 
+def _generation_span(log: GenerationLog, partition: int, offset: int) -> tuple[int, int | None]:
+    """``log.generation_span``, and for a record that a compacted log's folded
+    generations wrote, the first generation it keeps, up to its first boundary.
+
+    Such a record is below the partition's log start (``sidecar.core.compaction`` folds
+    a generation only then), yet a consumer that fetched it before retention removed it
+    may still hold it when the compacted log is read. Judged as a record of the first
+    kept generation, its waits are the folded ones: every wait its own generation had,
+    at a boundary as high or higher (``waits_into`` only grows with the generation), and
+    all met when it was folded (its sources' log starts are past them, and every group
+    that read a source acknowledged its revocations). Its keys_assigned is told as the
+    first kept generation's, before it. Without this the partition would release
+    nothing more: the log no longer knows the generation of its offset.
+    Raises ValueError as ``generation_span`` does otherwise.
+    """
+    try:
+        return log.generation_span(partition, offset)
+    except ValueError:
+        first = log.generations[0]
+        boundary = first.boundary(partition)
+        if first.number == 0 or boundary is None or offset >= boundary:
+            raise
+        return first.number, boundary
+
+
 def is_relocation_tombstone(record: ConsumedRecord) -> bool:
     """Relocation tombstones are tombstones: only null values are looked at."""
     return record.value is None and header_value(record.headers, RELOCATION_HEADER) == b"1"
@@ -282,7 +309,7 @@ class PartitionRelease(Generic[R]):
             self._delivering = False
             return ReadLog(written)
         try:
-            generation = log.generation_of(self.partition, record.offset)
+            generation, _ = _generation_span(log, self.partition, record.offset)
         except ValueError:
             return None  # a partition or an offset the log does not know yet
         if generation in self._opened:
@@ -346,7 +373,7 @@ class PartitionRelease(Generic[R]):
     def _decide_run(self, log: GenerationLog, offset: int) -> None:
         """Rule 3 held for the record at ``offset``: it holds for every later record of
         its generation up to the next boundary where keys moved away."""
-        _, end = log.generation_span(self.partition, offset)
+        _, end = _generation_span(log, self.partition, offset)
         next_revocation = min(
             (r.boundary for r in revocation_points(log, self.partition) if r.boundary > offset),
             default=None,

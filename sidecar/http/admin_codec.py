@@ -29,6 +29,19 @@ def topic_body(state: TopicState) -> dict[str, Any]:
         "undeleted_count": state.current.undeleted_count,
         "physical_count": len(state.modes),
         "generations": [_generation(g) for g in state.log.generations],
+        # A compacted log keeps generations from this one; the older ones were folded
+        # (their records are gone) into the waits they still impose.
+        "first_generation": state.log.first_number,
+        "folded_waits": [
+            {
+                "partition": w.partition,
+                "source": w.source,
+                "boundary": w.boundary,
+                "generation": w.generation,
+                "kind": w.kind.value,
+            }
+            for w in state.log.folded_waits
+        ],
         "partitions": [
             {
                 "partition": p,

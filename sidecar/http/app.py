@@ -12,7 +12,8 @@ Routes (the OpenAPI document at ``/openapi.json`` has the details):
   (``topic_routes``).
 * ``GET /healthz`` (the process answers), ``GET /readyz`` (Kafka started and the
   ZooKeeper session connected), ``GET /metrics`` (Prometheus).
-* ``/admin/...``: create, adopt, describe, change the partition count. Off unless
+* ``/admin/...``: create, adopt, describe, change the partition count, compact the
+  generation log. Off unless
   ``http.admin_enabled``; every call needs ``Authorization: Bearer <http.admin_token>``.
 
 Handlers only translate: decode the request, call the service, encode the answer.
@@ -64,6 +65,7 @@ from sidecar.http.v3_records import add_routes as add_v3_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import CreateTopic, TopicAdmin
 from sidecar.service.changes import ChangeRequest, ChangeRunner
+from sidecar.service.compaction import Compactor
 from sidecar.service.idempotency import IdempotencyCache
 from sidecar.service.produce import ProduceOutcome, ProduceService
 from sidecar.service.registry import TopicRegistry
@@ -76,6 +78,7 @@ SIDECAR_KEY: Final = web.AppKey("sidecar", TopicRegistry)
 PRODUCE_KEY: Final = web.AppKey("produce", ProduceService)
 ADMIN_KEY: Final = web.AppKey("admin", TopicAdmin)
 CHANGES_KEY: Final = web.AppKey("changes", ChangeRunner)
+COMPACTOR_KEY: Final = web.AppKey("compactor", Compactor)
 SETTINGS_KEY: Final = web.AppKey("settings", Settings)
 METRICS_KEY: Final = web.AppKey("metrics", SidecarMetrics)
 IDEMPOTENCY_KEY: Final = web.AppKey("idempotency", IdempotencyCache[ProduceOutcome])
@@ -87,6 +90,7 @@ def build_app(
     produce_service: ProduceService,
     admin: TopicAdmin,
     changes: ChangeRunner,
+    compactor: Compactor,
     metrics: SidecarMetrics,
     kafka: DirectoryKafka,
 ) -> web.Application:
@@ -108,6 +112,7 @@ def build_app(
     app[PRODUCE_KEY] = produce_service
     app[ADMIN_KEY] = admin
     app[CHANGES_KEY] = changes
+    app[COMPACTOR_KEY] = compactor
     app[SETTINGS_KEY] = settings
     app[METRICS_KEY] = metrics
     app[IDEMPOTENCY_KEY] = IdempotencyCache()
@@ -122,6 +127,7 @@ def build_app(
     app.router.add_post("/admin/topics/{topic}/adopt", admin_adopt)
     app.router.add_post("/admin/topics/{topic}/partition-count", admin_change_count)
     app.router.add_post("/admin/topics/{topic}/confirm-truncation", admin_confirm_truncation)
+    app.router.add_post("/admin/topics/{topic}/compaction", admin_compact)
     return app
 
 
@@ -303,6 +309,24 @@ async def admin_confirm_truncation(request: web.Request) -> web.Response:
     topic = request.match_info["topic"]
     confirmed = await request.app[CHANGES_KEY].confirm_truncation(topic)
     return web.json_response(truncations_body(topic, confirmed))
+
+
+async def admin_compact(request: web.Request) -> web.Response:
+    """Compact the topic's generation log now, as far as its records are gone (the pass
+    housekeeping runs every ``changes.compaction_interval_s``)."""
+    _authorize(request)
+    json_object(await request.read(), set(), set())
+    topic = request.match_info["topic"]
+    settings = request.app[SETTINGS_KEY].changes
+    done = await request.app[COMPACTOR_KEY].compact(topic, lock_timeout_s=settings.lock_timeout_s)
+    return web.json_response(
+        {
+            "topic": topic,
+            "folded": done.folded,
+            "first_generation": done.first_generation,
+            "generation": done.current_generation,
+        }
+    )
 
 
 async def admin_change_count(request: web.Request) -> web.Response:

@@ -437,6 +437,9 @@ class TopicRegistry:
     def _record_generation(self, runtime: TopicRuntime) -> None:
         self.metrics.generation.labels(runtime.name).set(runtime.participant.generation)
         self.metrics.partition_count.labels(runtime.name).set(runtime.participant.undeleted_count)
+        self.metrics.generation_log_length.labels(runtime.name).set(
+            len(runtime.state.log.generations)
+        )
 
     def spawn(self, coroutine: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coroutine)

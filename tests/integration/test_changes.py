@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -20,13 +21,14 @@ from ordered_dev.harness.sidecars import (
     RunningSidecar,
     check_no_record_crossed_a_barrier,
     header,
+    log_of_description,
     read_all,
     running_sidecars,
     unique,
 )
+from sidecar.core.generations import GenerationLog
 from sidecar.core.procedures import Operation, OperationKind, Phase, SidecarId
 from sidecar.core.routing import partition_for_key
-from sidecar.core.serialization import generation_from_json, log_from_generations
 from sidecar.core.topics import PendingBarrier
 
 
@@ -36,14 +38,8 @@ async def _describe(sidecar: RunningSidecar, topic: str) -> dict[str, object]:
     return body
 
 
-def _log_of(description: dict[str, object]):  # type: ignore[no-untyped-def]
-    config = description["config"]
-    assert isinstance(config, dict)
-    generations = description["generations"]
-    assert isinstance(generations, list)
-    return log_from_generations(
-        config["initial_count"], [generation_from_json(g) for g in generations]
-    )
+def _log_of(description: dict[str, Any]) -> GenerationLog:
+    return log_of_description(description)
 
 
 async def _produce_until(

@@ -14,6 +14,7 @@ from kazoo.client import KazooClient
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.waiting import eventually
 from sidecar.adapters.zookeeper import MetadataStore
+from sidecar.core.compaction import compact
 from sidecar.core.errors import (
     ChangeTakenOver,
     InvalidName,
@@ -353,6 +354,63 @@ async def test_reads_arm_one_shot_watches(store: MetadataStore) -> None:
     await store.read_topic("orders", changes)
     await store.set_partitions("orders", modes, (None,) * 3)
     await changes.reach(5)
+
+
+async def _grown(store: MetadataStore, changes: int) -> GenerationLog:
+    """The topic "orders" through ``changes`` commits, alternately to 3 and 2
+    partitions; boundary ``10 * i`` everywhere at change ``i``."""
+    log = await _managed_topic(store)
+    modes: tuple[PartitionMode, ...] = (RW, RW)
+    for index in range(1, changes + 1):
+        count = 3 if log.current.undeleted_count == 2 else 2
+        generation = log.next_generation(count, [Boundary(10 * index)] * 3)
+        modes = modes_after_commit(modes, generation)
+        done = dataclasses.replace(_operation("orders", Phase.DONE), from_generation=index - 1)
+        await store.commit_generation("orders", generation, modes, (None,) * 3, done)
+        log = log.append(generation)
+    return log
+
+
+async def test_a_compacted_log_is_stored_watched_and_read_by_every_store(
+    cluster: ClusterEndpoints, root: str, store: MetadataStore
+) -> None:
+    log = await _grown(store, 4)
+    async with _started(cluster, root) as other:
+        changes = _Changes()
+        # every generation cached; the read arms the topic's watches
+        assert (await other.read_topic("orders", changes)).log == log
+        async with store.lock("orders", "compactor", 1.0, "compaction"):
+            assert await store.compact_log("orders", log, compact(log, 3)) == 3
+        await changes.reach(1)  # the topic node moved: every sidecar reads again
+        assert (await other.read_topic("orders")).log == compact(log, 3)
+        client = KazooClient(hosts=cluster.zookeeper_hosts)
+        client.start()
+        try:
+            names = client.get_children(f"{root}/topics/orders/generations")
+        finally:
+            client.stop()
+            client.close()
+        assert sorted(int(name) for name in names) == [3, 4]
+        # A commit after the compaction keeps the folded part; both read the longer log.
+        compacted = compact(log, 3)
+        generation = compacted.next_generation(3, [Boundary(50)] * 3)
+        modes = modes_after_commit((RW, RW, PartitionMode.READ_ONLY), generation)
+        done = dataclasses.replace(_operation("orders", Phase.DONE), from_generation=4)
+        await store.commit_generation("orders", generation, modes, (None,) * 3, done)
+        for reader in (store, other):
+            assert (await reader.read_topic("orders")).log == compacted.append(generation)
+        # A compactor holding the log it read before that commit writes nothing.
+        with pytest.raises(OperationInProgress):
+            await other.compact_log("orders", compacted, compact(compacted, 4))
+        assert (await store.read_topic("orders")).log == compacted.append(generation)
+
+
+async def test_no_compaction_is_written_while_a_change_is_in_progress(store: MetadataStore) -> None:
+    log = await _grown(store, 2)
+    await store.save_operation(dataclasses.replace(_operation("orders"), from_generation=2))
+    with pytest.raises(OperationInProgress, match="in progress"):
+        await store.compact_log("orders", log, compact(log, 2))
+    assert (await store.read_topic("orders")).log == log
 
 
 # Sidecars, lock, session ----------------------------------------------------------------

@@ -276,6 +276,31 @@ def test_changes_and_retirement_take_their_timeouts_from_the_settings() -> None:
     assert server.retirer.lock_timeout_s == 0.25
 
 
+def test_compaction_takes_its_batch_and_is_due_once_per_jittered_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    changes = ChangeSettings(compaction_interval_s=100.0, compaction_batch=7)
+    server = SidecarServer(settings_for(changes=changes))
+    assert (server.compactor.batch, server.compactor.sidecar_id) == (7, "s1")
+    now = [1000.0]
+    monkeypatch.setattr("sidecar.compose.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("sidecar.compose.random.random", lambda: 0.5)  # no jitter
+    assert not server._compaction_due("t", 5)  # first seen: due one interval later
+    now[0] += 99.0
+    assert not server._compaction_due("t", 5)
+    now[0] += 1.0
+    assert not server._compaction_due("t", 1)  # only the current generation: not yet
+    assert server._compaction_due("t", 5)
+    assert not server._compaction_due("t", 5)  # next one an interval later
+    now[0] += 100.0
+    assert server._compaction_due("t", 5)
+
+
+def test_compaction_is_never_due_with_the_interval_0() -> None:
+    server = SidecarServer(settings_for(changes=ChangeSettings(compaction_interval_s=0.0)))
+    assert not any(server._compaction_due("t", 5) for _ in range(3))
+
+
 def test_the_connection_guard_takes_the_http_limits() -> None:
     http = HttpSettings(
         port=0,

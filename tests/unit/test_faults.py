@@ -24,6 +24,7 @@ def test_empty_hooks_do_nothing(signals: list[int]) -> None:
         hooks.phase_journaled(phase)
     for committed in range(5):
         hooks.before_commit(committed, ("t",))
+    hooks.before_compaction_write("t")
     assert signals == []
     assert not hooks.withhold_barrier_acks
 
@@ -42,4 +43,11 @@ def test_a_stop_before_the_nth_commit_fires_once(signals: list[int]) -> None:
     hooks.before_commit(1, ("t",))
     assert signals == [signal.SIGSTOP]
     hooks.before_commit(1, ("t~1",))  # the writer that replaced the stopped one
+    assert signals == [signal.SIGSTOP]
+
+
+def test_a_stop_before_a_compaction_write_fires_once(signals: list[int]) -> None:
+    hooks = FaultHooks(stop_before_compaction_write=True)
+    hooks.before_compaction_write("t")
+    hooks.before_compaction_write("t")
     assert signals == [signal.SIGSTOP]

@@ -81,6 +81,7 @@ from ordered_dev.harness.chaos.plan import ChangeVia, ChaosConfig, FaultKind, Pl
 from ordered_dev.harness.sidecars import (
     ADMIN_TOKEN,
     SidecarProcess,
+    log_of_description,
     settings_for,
     start_process,
     stop_process,
@@ -88,7 +89,6 @@ from ordered_dev.harness.sidecars import (
 from sidecar.config import KafkaSettings, Settings
 from sidecar.core.generations import PartitionMode
 from sidecar.core.placement import routed_generation
-from sidecar.core.serialization import generation_from_json, log_from_generations
 
 CONSUMER_JSON = "application/vnd.kafka.v2+json"
 POLL_TIMEOUT_MS = 1000
@@ -1225,10 +1225,7 @@ class ChaosRun:
             return
         if status != 200:
             return
-        log = log_from_generations(
-            body["config"]["initial_count"],
-            [generation_from_json(g) for g in body["generations"]],
-        )
+        log = log_of_description(body)
         modes = tuple(PartitionMode(p["mode"]) for p in body["partitions"])
         try:
             starts, ends, records = await _read_committed(
@@ -1362,10 +1359,7 @@ class ChaosRun:
         snapshots = []
         for topic, description in descriptions.items():
             config = description["config"]
-            log = log_from_generations(
-                config["initial_count"],
-                [generation_from_json(g) for g in description["generations"]],
-            )
+            log = log_of_description(description)
             modes = tuple(PartitionMode(p["mode"]) for p in description["partitions"])
             starts, ends, records = await _read_committed(
                 self.cluster.kafka_bootstrap,

@@ -9,8 +9,11 @@ in the shapes of ``sidecar.core.serialization``::
                                              sidecar registered and has not retired; the
                                              ones no live sidecar names are fenced by the
                                              next change (DESIGN §5)
-    <root>/topics/<t>                        {"config": ..., "current_generation": g}
-    <root>/topics/<t>/generations/<g>        a committed generation; g as %010d
+    <root>/topics/<t>                        {"config": ..., "current_generation": g}, and
+                                             "folded": {"first_generation", "waits"} once
+                                             the log was compacted (docs/compaction.md)
+    <root>/topics/<t>/generations/<g>        a committed generation; g as %010d; those
+                                             before "first_generation" are deleted
     <root>/topics/<t>/partitions             {"modes": [...], "delete_after": [float|null, ...]}
     <root>/topics/<t>/pending                the pending barrier; only while one is pending
     <root>/topics/<t>/truncations            {"confirmed": [[g, p, offset, epoch], ...]}: lost
@@ -34,7 +37,8 @@ front class ``MetadataStore`` (``store``)::
     connection   the kazoo client, the root, the thread hop, the paths of the layout above
     session      start and stop, the session's state and its listeners
     sidecars     sidecars and producers: registration, the live sets
-    topics       topics and generations: create, read, watch, partitions, truncations
+    topics       topics and generations: create, read, watch, compact, partitions,
+                 truncations
     operations   the change journal, its take-over, the change locks and leftover locks
     barriers     publish, ack, acks, withdraw; the commit of a generation
     groups       the groups, their gate waits and their keys_revoked acknowledgements

@@ -22,7 +22,7 @@ from sidecar.adapters.zookeeper.session import Session
 from sidecar.adapters.zookeeper.sidecars import Sidecars
 from sidecar.adapters.zookeeper.topics import Topics
 from sidecar.config import ZooKeeperSecuritySettings
-from sidecar.core.generations import Generation, PartitionMode
+from sidecar.core.generations import Generation, GenerationLog, PartitionMode
 from sidecar.core.participant import SessionState
 from sidecar.core.procedures import Operation, SidecarId, TransactionalId
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
@@ -169,6 +169,13 @@ class MetadataStore:
         pending barrier next change (the reads arm the watches; read again with it to
         hear of the change after)."""
         return await self._topics.read_topic(topic, changed)
+
+    async def compact_log(self, topic: str, log: GenerationLog, compacted: GenerationLog) -> int:
+        """Replace the stored ``log`` by ``compacted``, its folded generations' nodes
+        deleted, in one multi-op; returns how many were. Hold ``lock(topic)``. Raises
+        OperationInProgress if a change is in progress or the stored log is not ``log``
+        any more (nothing is written then), UnknownTopic."""
+        return await self._topics.compact_log(topic, log, compacted)
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being

@@ -17,18 +17,26 @@ from typing import Any
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
-from sidecar.adapters.zookeeper.connection import ZooKeeperConnection, commit, encode
+from sidecar.adapters.zookeeper.connection import (
+    RACE_ERRORS,
+    ZooKeeperConnection,
+    commit,
+    encode,
+)
 from sidecar.adapters.zookeeper.operations import Operations
-from sidecar.core.errors import TopicAlreadyManaged, UnknownTopic
-from sidecar.core.generations import Generation, PartitionMode
+from sidecar.core.errors import OperationInProgress, TopicAlreadyManaged, UnknownTopic
+from sidecar.core.generations import Generation, GenerationLog, PartitionMode
+from sidecar.core.procedures import FINAL_PHASES
 from sidecar.core.serialization import (
     config_from_json,
     config_to_json,
+    folded_to_json,
     generation_from_json,
     generation_to_json,
     log_from_generations,
     modes_from_json,
     modes_to_json,
+    operation_from_json,
     pending_from_json,
 )
 from sidecar.core.topics import TopicConfig, TopicState
@@ -125,19 +133,21 @@ class Topics:
                 raise UnknownTopic(f"topic {topic!r} is not managed") from exc
             head = json.loads(raw)
             config = config_from_json(head["config"])
+            folded = head.get("folded")
+            first = _first_kept(folded)
             names = names_asked.get()
             partitions = json.loads(partitions_asked.get()[0])
             pending = _pending_value(*pending_asked)
             operation = self._operations.operation_from_answer(operation_asked)
-            # The reads above are not one snapshot: a commit moves the topic node, so an
-            # unchanged topic node means no commit landed in between. The generations
-            # not read before are asked together with that check.
-            generations, after = self._committed_generations(topic, path, stat.czxid, names)
+            # The reads above are not one snapshot: a commit and a compaction move the
+            # topic node, so an unchanged topic node means neither landed in between.
+            # The generations not read before are asked together with that check.
+            generations, after = self._committed_generations(topic, path, stat.czxid, names, first)
             if after is not None and after.mzxid == stat.mzxid:
                 break
         return TopicState(
             config=config,
-            log=log_from_generations(config.initial_count, generations),
+            log=log_from_generations(config.initial_count, generations, folded),
             modes=modes_from_json(partitions["modes"]),
             delete_after=_delete_after_from_json(partitions["delete_after"]),
             pending=None if pending is None else pending_from_json(pending),
@@ -153,17 +163,22 @@ class Topics:
         return exists, client.get_async(path, watch=watch)
 
     def _committed_generations(
-        self, topic: str, path: str, created: int, names: Sequence[str]
+        self, topic: str, path: str, created: int, names: Sequence[str], first: int = 0
     ) -> tuple[list[Generation], Any]:
-        """The topic's committed generations, in order, and the topic node's stat read
-        after them (None: removed). Only generations not read before are read from
-        ZooKeeper, all at once (every sidecar reads the log at every change: with a
-        long log that was one read per generation, each time)."""
+        """The topic's committed generations among ``names`` from ``first`` (the first one
+        a compacted log keeps), in order, and the topic node's stat read after them
+        (None: removed). Only generations not read before are read from ZooKeeper, all
+        at once (every sidecar reads the log at every change: with a long log that was
+        one read per generation, each time).
+
+        A compaction may delete generation nodes between the listing and their reads: a
+        node gone is left out, and the caller, which finds the topic node moved, reads
+        again. Nothing is kept of a node no longer listed or below ``first``."""
         known_created, known = self._generations.get(topic, (created, {}))
         if known_created != created:
             known = {}
         client = self._connection.client
-        ordered = sorted(names)
+        ordered = sorted(name for name in names if int(name) >= first)
         new = [name for name in ordered if name not in known]
         asked = [client.get_async(f"{path}/generations/{name}") for name in new]
         after_asked = client.exists_async(path)
@@ -171,12 +186,76 @@ class Topics:
             try:
                 data = answer.get()[0]
             except NoNodeError:
-                continue  # removed since it was listed: the topic node moved too
+                continue  # folded meanwhile: the topic node moved, read again
             known[name] = generation_from_json(json.loads(data))
         after = after_asked.get()
-        kept = {name: known[name] for name in ordered if name in known}  # none of removed ones
+        kept = {name: known[name] for name in ordered if name in known}
         self._generations[topic] = (created, kept)
         return list(kept.values()), after
+
+    async def compact_log(self, topic: str, log: GenerationLog, compacted: GenerationLog) -> int:
+        """Replace the stored ``log`` by ``compacted`` (``sidecar.core.compaction.compact``
+        of it): the topic node's folded part written and the folded generations' nodes
+        deleted in one multi-op, so a reader sees the old log or the new one, and a
+        compactor that dies or loses its session before the commit leaves the old one.
+        Returns how many generation nodes it deleted (0 if ``compacted`` folds nothing
+        more than is stored).
+
+        Hold ``lock(topic)``. The multi-op is conditional on the topic node's version as
+        read here and on ``log`` being the stored one (the same current and first
+        generation), and on the journal's version: a commit or a change started meanwhile
+        fails it and nothing is written. Raises OperationInProgress if the journal holds
+        a change not finished (its generation may be the one to fold next), or if the
+        stored log is not ``log`` any more (read it again); UnknownTopic.
+        """
+        return await self._connection.run(self._compact_log, topic, log, compacted)
+
+    def _compact_log(self, topic: str, log: GenerationLog, compacted: GenerationLog) -> int:
+        if compacted.current != log.current or compacted.first_number < log.first_number:
+            raise ValueError("a compaction keeps the current generation and folds forward")
+        path = self._connection.topic_path(topic)
+        try:
+            raw, stat = self._connection.client.get(path)
+        except NoNodeError as exc:
+            raise UnknownTopic(f"topic {topic!r} is not managed") from exc
+        head = json.loads(raw)
+        stored_first = _first_kept(head.get("folded"))
+        if head["current_generation"] != log.current.number or stored_first != log.first_number:
+            raise OperationInProgress(
+                f"the generation log of {topic!r} changed since it was read "
+                f"(generations {stored_first}..{head['current_generation']} stored)"
+            )
+        if compacted.first_number == stored_first:
+            return 0
+        ops_path = self._connection.ops_path(topic)
+        try:
+            ops_raw, ops_stat = self._connection.client.get(ops_path)
+        except NoNodeError:
+            ops_stat = None
+        else:
+            operation = operation_from_json(json.loads(ops_raw))
+            if operation.phase not in FINAL_PHASES:
+                raise OperationInProgress(
+                    f"a change of {topic!r} is in progress ({operation.phase.value})"
+                )
+        head["folded"] = folded_to_json(compacted)
+        transaction = self._connection.client.transaction()
+        transaction.set_data(path, encode(head), version=stat.version)
+        if ops_stat is not None:
+            transaction.check(ops_path, ops_stat.version)
+        deleted = 0
+        for name in self._connection.client.get_children(f"{path}/generations"):
+            if int(name) < compacted.first_number:
+                transaction.delete(f"{path}/generations/{name}")
+                deleted += 1
+        try:
+            commit(transaction)
+        except RACE_ERRORS as exc:
+            # A commit, a change or another compaction got there first: nothing written.
+            raise OperationInProgress(
+                f"the generation log of {topic!r} changed during its compaction"
+            ) from exc
+        return deleted
 
     def watch_topic_list(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop whenever a topic becomes managed or stops being
@@ -245,6 +324,16 @@ class Topics:
             with suppress(BadVersionError):
                 self._connection.client.set(path, data, version=stat.version)
                 return
+
+
+def _first_kept(folded: Any) -> int:
+    """The first generation a stored log keeps: 0 unless it was compacted."""
+    if folded is None:
+        return 0
+    first = folded.get("first_generation") if isinstance(folded, dict) else None
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise ValueError(f"malformed folded generations: {folded!r}")
+    return first
 
 
 def _topic_json(config: TopicConfig, current_generation: int) -> dict[str, Any]:

@@ -238,3 +238,19 @@ async def test_a_refused_confirmation_says_why_on_stderr_and_exits_1(
     assert capsys.readouterr().err.strip() == (
         "sidecar topics confirm-truncation: nothing to confirm (HTTP 409, error_code 40906)"
     )
+
+
+# compact ---------------------------------------------------------------------------------
+
+
+async def test_compact_asks_the_sidecar_and_prints_what_was_folded(
+    sidecar: tuple[_Sidecar, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    stand_in, url = sidecar
+    answer = {"topic": "orders", "folded": 3, "first_generation": 3, "generation": 5}
+    stand_in.answers["POST", "/admin/topics/orders/compaction"] = (200, answer)
+    assert await topics._topics(parse("compact", "orders", url=url)) == 0
+    assert [(m, p, b) for m, p, b, _ in stand_in.requests] == [
+        ("POST", "/admin/topics/orders/compaction", {})
+    ]
+    assert json.loads(capsys.readouterr().out) == answer

@@ -56,6 +56,11 @@ def test_bad_settings_are_refused_with_the_setting_named(
     [
         ({"ORDERED_SIDECAR__CONSUMER__BUFFER_LIMIT": "0"}, "consumer.buffer_limit"),
         ({"ORDERED_SIDECAR__CHANGES__ACTION_RETRY_S": "0"}, "changes.action_retry_s"),
+        (
+            {"ORDERED_SIDECAR__CHANGES__COMPACTION_INTERVAL_S": "-1"},
+            "changes.compaction_interval_s",
+        ),
+        ({"ORDERED_SIDECAR__CHANGES__COMPACTION_BATCH": "0"}, "changes.compaction_batch"),
         ({"ORDERED_SIDECAR__AUDIT__BATCH_SIZE": "-1"}, "audit.batch_size"),
         ({"ORDERED_SIDECAR__PROCESS__GC_YOUNG_THRESHOLD": "0"}, "process.gc_young_threshold"),
         ({"ORDERED_SIDECAR__PROCESS__EVENT_LOOP": "trio"}, "process.event_loop"),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.core.compaction import compact
 from sidecar.core.gate import GroupProgress, unmet, waits_into
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.handoff import (
@@ -484,3 +485,24 @@ def test_a_record_written_under_a_generation_not_read_yet_asks_for_the_log() -> 
     done = drive(world)
     assert [r.offset for r in done.released] == [0]
     assert [step for step, _ in done.steps][1] == ReadLog(2)
+
+
+def test_a_buffered_record_of_a_folded_generation_is_released_after_keys_assigned() -> None:
+    """A consumer fetched partition 0 before retention removed offsets below 9, and the
+    log was compacted to begin at generation 2 (boundary 9 there) before it released
+    them: they are judged as generation 2's records, not left waiting for ever."""
+    log = _expanded(5)
+    log = log.append(log.next_generation(1, [Boundary(9), Boundary(4)]))
+    compacted = compact(log, 2)
+    head = tuple(Record(TOPIC, 0, offset, b"k", b"v") for offset in range(3, 11))
+    modes = [PartitionMode.READ_WRITE, PartitionMode.READ_ONLY]
+    gone = GroupProgress({}, {0: 9, 1: 4}, modes, revoked_through(compacted, set()))
+    world = World(compacted, 0, head, 3, gone, frozenset(), HandoffLedger(), Room(None), True, None)
+    done = drive(world)
+    assert done.told_assigned == [Subject(TOPIC, 0, 2)]
+    assert [r.offset for r in done.released] == list(range(3, 11))
+    # The full log releases them too (generation 0's records of partition 0 wait for
+    # nothing; generation 2's wait for partition 1 up to 4, gone).
+    assert [r.offset for r in drive(World(**{**world.__dict__, "log": log})).released] == list(
+        range(3, 11)
+    )

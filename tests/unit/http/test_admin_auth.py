@@ -19,6 +19,7 @@ from sidecar.http.app import build_app
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin, TopicDescription
 from sidecar.service.changes import ChangeRunner
+from sidecar.service.compaction import Compactor
 from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
 from sidecar.service.topic_ports import DirectoryKafka
@@ -56,6 +57,7 @@ async def client() -> AsyncIterator[Client]:
         cast(ProduceService, object()),
         cast(TopicAdmin, _Admin()),
         cast(ChangeRunner, object()),
+        cast(Compactor, object()),
         SidecarMetrics(),
         cast(DirectoryKafka, object()),
     )

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
+from ordered_dev.harness.sidecars import log_of_description
+from sidecar.core.compaction import compact
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
 from sidecar.http.admin_codec import description_body, topic_body
@@ -36,6 +41,8 @@ def test_a_topic_is_described_with_its_generations_and_partitions() -> None:
             {"number": 0, "undeleted_count": 1, "boundaries": [[0, None]]},
             {"number": 1, "undeleted_count": 2, "boundaries": [[7, 3], [0, None]]},
         ],
+        "first_generation": 0,
+        "folded_waits": [],
         "partitions": [
             {"partition": 0, "mode": "read_write", "delete_after": None},
             {"partition": 1, "mode": "read_only", "delete_after": None},
@@ -50,3 +57,25 @@ def test_the_description_names_the_lock_holder() -> None:
     body = description_body(TopicDescription(_state(), lock))
     assert body["lock"] == {"holder": "s1", "purpose": "expand", "age_s": 1.5}
     assert description_body(TopicDescription(_state(), None))["lock"] is None
+
+
+def test_a_compacted_log_is_described_from_its_first_kept_generation() -> None:
+    state = _state()
+    shrunk = state.log.append(state.log.next_generation(1, [Boundary(9, 3), Boundary(4)]))
+    compacted = compact(shrunk, 2)
+    body = topic_body(dataclasses.replace(state, log=compacted))
+    assert body["first_generation"] == 2
+    assert [g["number"] for g in body["generations"]] == [2]
+    # Partition 0's records wait for partition 1 up to the shrink's boundary there.
+    shrink = {"partition": 0, "source": 1, "boundary": 4, "generation": 2, "kind": "shrink"}
+    assert shrink in body["folded_waits"]
+    assert len(body["folded_waits"]) == len(compacted.folded_waits)
+
+
+def test_a_description_carries_enough_to_rebuild_a_compacted_log() -> None:
+    state = _state()
+    shrunk = state.log.append(state.log.next_generation(1, [Boundary(9, 3), Boundary(4)]))
+    grown = shrunk.append(shrunk.next_generation(2, [Boundary(12), Boundary(4)]))
+    for log in (grown, compact(grown, 2), compact(grown, 3)):
+        body = json.loads(json.dumps(topic_body(dataclasses.replace(state, log=log))))
+        assert log_of_description(body) == log

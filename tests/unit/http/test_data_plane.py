@@ -19,6 +19,7 @@ from sidecar.http.ops import build_ops_app
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
+from sidecar.service.compaction import Compactor
 from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
 from sidecar.service.topic_ports import DirectoryKafka
@@ -49,6 +50,7 @@ def _data_app(registry: _Registry, data_token: str = "") -> web.Application:
         cast(ProduceService, object()),
         cast(TopicAdmin, object()),
         cast(ChangeRunner, object()),
+        cast(Compactor, object()),
         SidecarMetrics(),
         cast(DirectoryKafka, object()),
     )

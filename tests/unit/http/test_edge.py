@@ -24,6 +24,7 @@ from sidecar.http.consumer_routes import add_routes as add_consumer_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
+from sidecar.service.compaction import Compactor
 from sidecar.service.consumers import Consumers
 from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
@@ -79,6 +80,7 @@ async def client() -> AsyncIterator[Client]:
         cast(ProduceService, _Untouchable()),
         cast(TopicAdmin, _Untouchable()),
         cast(ChangeRunner, _Untouchable()),
+        cast(Compactor, _Untouchable()),
         metrics,
         cast(DirectoryKafka, _Untouchable()),
     )

@@ -24,6 +24,7 @@ from sidecar.http.consumer_routes import add_routes as add_consumer_routes
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.admin import TopicAdmin
 from sidecar.service.changes import ChangeRunner
+from sidecar.service.compaction import Compactor
 from sidecar.service.consumers import Consumers
 from sidecar.service.produce import ProduceService
 from sidecar.service.registry import TopicRegistry
@@ -73,6 +74,7 @@ def app() -> web.Application:
         _stand_in(ProduceService),
         _stand_in(TopicAdmin),
         _stand_in(ChangeRunner),
+        _stand_in(Compactor),
         SidecarMetrics(),
         _stand_in(KafkaGateway),
     )
