@@ -414,6 +414,21 @@ class Changes:
     window_s: float
 
 
+async def expand(http: aiohttp.ClientSession, through: Running, topic: str, target: int) -> float:
+    """Change ``topic`` to ``target`` partitions through ``through``'s admin API; the
+    seconds from the request to its answer, the change done."""
+    started = time.monotonic()
+    async with http.post(
+        f"{through.url}/admin/topics/{topic}/partition-count",
+        json={"count": target},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    ) as response:
+        body = await response.json()
+    if response.status != 200 or body.get("phase") != "done":
+        raise RuntimeError(f"change of {topic} to {target}: {response.status} {body}")
+    return time.monotonic() - started
+
+
 async def measure_changes(
     http: aiohttp.ClientSession,
     hosts: str,
@@ -427,16 +442,7 @@ async def measure_changes(
     began = time.monotonic()
     seconds = []
     for target in range(first_count + 1, first_count + count + 1):
-        started = time.monotonic()
-        async with http.post(
-            f"{fleet[0].url}/admin/topics/{topic}/partition-count",
-            json={"count": target},
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        ) as response:
-            body = await response.json()
-        if response.status != 200 or body.get("phase") != "done":
-            raise RuntimeError(f"change of {topic} to {target}: {response.status} {body}")
-        seconds.append(time.monotonic() - started)
+        seconds.append(await expand(http, fleet[0], topic, target))
     after = await zookeeper_counters(hosts)
     return Changes(
         len(fleet), seconds, after["Received"] - before["Received"], time.monotonic() - began
@@ -462,18 +468,9 @@ async def measure_paused_change(
     paused = fleet[-1]
     os.kill(paused.pid, signal.SIGSTOP)
     try:
-        started = time.monotonic()
-        async with http.post(
-            f"{fleet[0].url}/admin/topics/{topic}/partition-count",
-            json={"count": target},
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        ) as response:
-            body = await response.json()
-        seconds = time.monotonic() - started
+        seconds = await expand(http, fleet[0], topic, target)
     finally:
         os.kill(paused.pid, signal.SIGCONT)
-    if response.status != 200 or body.get("phase") != "done":
-        raise RuntimeError(f"change of {topic} to {target}: {response.status} {body}")
     resumed = time.monotonic()
     while True:
         if time.monotonic() - resumed > READY_WITHIN_S:
