@@ -52,6 +52,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from ordered_dev.devcluster.provider import ClusterEndpoints, ClusterServers
 from ordered_dev.harness.consumers import RestConsumer, create_consumer, decoded
@@ -156,24 +158,41 @@ async def _until_partition(
     await eventually(now_holds, within_s, f"partition {LOST}: {what}")
 
 
-async def _both_in_sync(gateway: KafkaGateway, topic: str) -> PartitionInfo:
+async def _both_in_sync(gateway: KafkaGateway, bootstrap: str, topic: str) -> PartitionInfo:
     """Partition ``LOST`` once both its replicas are in sync and no transaction is open."""
     await _until_partition(gateway, topic, lambda now: len(now.in_sync) == 2, 30, "in sync")
-    await eventually(lambda: _settled(gateway, topic, INITIAL_COUNT), 30, "no open transaction")
+    await eventually(
+        lambda: _settled(gateway, bootstrap, topic, INITIAL_COUNT), 30, "no open transaction"
+    )
     info = await _partition(gateway, topic, LOST)
     assert info is not None
     return info
 
 
-async def _settled(gateway: KafkaGateway, topic: str, count: int) -> bool:
-    """No transaction open in ``topic``: each partition's stable offset is its log end
-    (every commit marker written, and replicated to the whole ISR)."""
+async def _settled(gateway: KafkaGateway, bootstrap: str, topic: str, count: int) -> bool:
+    """No transaction open in ``topic``: each partition's stable offset is its high
+    watermark (every commit marker written, and replicated to the whole ISR).
+
+    The gateway reads only stable offsets (read_committed), so the high watermarks come
+    from a plain read_uncommitted consumer. Comparing the gateway with itself held at
+    once, so a commit marker still on its way could leave an offset read next short."""
     try:
         stable = await gateway.stable_offsets(topic, count)
-        ends = await gateway.end_offsets(topic, count)
-    except SidecarError:
+        ends = await asyncio.wait_for(_high_watermarks(bootstrap, topic, count), 10)
+    except (SidecarError, KafkaError, TimeoutError):
         return False
     return [s.offset for s in stable] == ends
+
+
+async def _high_watermarks(bootstrap: str, topic: str, count: int) -> list[int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted")
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(count)]
+        ends = await consumer.end_offsets(partitions)
+        return [int(ends[tp]) for tp in partitions]
+    finally:
+        await consumer.stop()
 
 
 async def _gauge(sidecar: RunningSidecar, topic: str) -> float:
@@ -246,7 +265,7 @@ async def test_a_boundary_lost_to_an_unclean_election_refuses_changes_until_conf
             await _write(sidecar, topic, kept, "kept", written)
             await _write(sidecar, topic, keys_for(0, (2,), 4, "other"), "other", written)
 
-            info = await _both_in_sync(gateway, topic)
+            info = await _both_in_sync(gateway, cluster.kafka_bootstrap, topic)
             leader = info.leader
             [follower] = [r for r in info.replicas if r != leader]
             reaches = (await gateway.end_offsets(topic, INITIAL_COUNT))[LOST]
@@ -267,7 +286,11 @@ async def test_a_boundary_lost_to_an_unclean_election_refuses_changes_until_conf
             boundary, epoch = description["generations"][1]["boundaries"][LOST]
             assert isinstance(epoch, int), description["generations"]
             assert boundary > reaches, (boundary, reaches)
-            await eventually(lambda: _settled(gateway, topic, 3), 30, "no open transaction")
+            await eventually(
+                lambda: _settled(gateway, cluster.kafka_bootstrap, topic, 3),
+                30,
+                "no open transaction",
+            )
 
             # 4: L stops, F comes back alone and is elected uncleanly.
             stopped.append(leader)
@@ -435,7 +458,7 @@ async def test_a_consumer_past_an_unclean_election_reads_again_from_the_divergen
                 await consumer.assign((topic, LOST))
                 await _write(sidecar, topic, kept, "kept", written)
 
-                info = await _both_in_sync(gateway, topic)
+                info = await _both_in_sync(gateway, cluster.kafka_bootstrap, topic)
                 leader = info.leader
                 [follower] = [r for r in info.replicas if r != leader]
                 reaches = (await gateway.end_offsets(topic, INITIAL_COUNT))[LOST]
@@ -454,7 +477,9 @@ async def test_a_consumer_past_an_unclean_election_reads_again_from_the_divergen
                     await _write(sidecar, topic, lost, "lost", written)
                 await read_until(dict(written), SERVE_BOUND_S)
                 await eventually(
-                    lambda: _settled(gateway, topic, INITIAL_COUNT), 30, "no open transaction"
+                    lambda: _settled(gateway, cluster.kafka_bootstrap, topic, INITIAL_COUNT),
+                    30,
+                    "no open transaction",
                 )
                 # Where the instance stands: past the last commit marker of what it read.
                 position = (await gateway.end_offsets(topic, INITIAL_COUNT))[LOST]
