@@ -9,8 +9,10 @@ ordering audit's textfile output and the live audit's own ``/metrics``, while th
 produces load, expands the topic until produces were held, makes a record of the new
 partition wait at the gate until another instance of its group (on the other sidecar)
 commits the blocking partition, with hand-off callbacks (the first of which fails),
-writes one record around the sidecar, and sends a fenced and an unknown-generation
-produce; then every panel query must return series through Prometheus' HTTP API."""
+writes one record around the sidecar, sends a fenced and an unknown-generation
+produce, and folds a generation of a second topic whose records were deleted (as
+retention would); then every panel query must return series through Prometheus' HTTP
+API."""
 
 from __future__ import annotations
 
@@ -180,6 +182,8 @@ def test_the_dashboard_covers_what_the_issue_asks_for() -> None:
         "sidecar_audit_stream_anomalies_total",
         "sidecar_audit_stream_lag_seconds",
         "sidecar_audit_stream_events_total",
+        "sidecar_topic_generation_log_length",
+        "sidecar_generations_folded_total",
     ):
         assert metric in every, metric
     assert "histogram_quantile(0.5," in every
@@ -399,6 +403,7 @@ async def exercise_the_sidecars(
         )
         # Newer than any generation there is: 409 40911, counted as an unknown generation.
         assert (fenced, unknown) == (409, 409)
+        await fold_a_generation(sidecars[0], unique("ops-folded"), cluster)
         await asyncio.sleep(3)  # several scrapes after every event
     finally:
         stop.set()
@@ -409,6 +414,20 @@ async def exercise_the_sidecars(
     assert total(sidecars, "sidecar_gate_wait_seconds_count", topic) > 0
     assert total(sidecars, "sidecar_relocation_tombstones_total", topic) > 0
     assert total(sidecars, "sidecar_handoff_callback_failures_total", topic) >= 1
+
+
+async def fold_a_generation(sidecar: RunningSidecar, topic: str, cluster: ClusterEndpoints) -> None:
+    """Expand a topic nobody reads, delete its records below generation 1's boundaries
+    (what retention does) and run a compaction pass: generation 0 is folded."""
+    await sidecar.create_topic(topic, 2, replication_factor=cluster.replication_factor)
+    status, _ = await sidecar.produce(topic, [{"key": f"k{i}", "value": i} for i in range(8)])
+    assert status == 200
+    assert (await sidecar.change_count(topic, 3))["phase"] == "done"
+    [generation] = [g for g in (await sidecar.describe(topic))["generations"] if g["number"] == 1]
+    boundaries = [offset for offset, _ in generation["boundaries"]]
+    await sidecar.server.kafka.delete_records(topic, dict(enumerate(boundaries)))
+    status, body = await sidecar.admin("POST", f"/admin/topics/{topic}/compaction", {})
+    assert (status, body.get("folded")) == (200, 1), body
 
 
 async def check_queries(session: aiohttp.ClientSession, tmp_path: Path) -> None:
