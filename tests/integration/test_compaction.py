@@ -10,7 +10,9 @@ earliest offset, gets every record still in Kafka, in order.
 A fault: the compacting sidecar stops itself (SIGSTOP) with the fold decided and
 nothing written, holding the topic's lock. Its session expires, which releases the
 lock; another sidecar's pass then compacts. Resumed, the stale compactor writes
-nothing, and every sidecar reads the compacted log.
+nothing, and every sidecar reads the compacted log. In the second variant the stopped
+compactor is killed (SIGKILL) instead: its lock goes with its session all the same, and
+a sidecar started again in its place reads the compacted log and changes the topic.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.ledger import (
@@ -189,8 +193,9 @@ def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
+@pytest.mark.parametrize("fate", ["resumed", "killed"])
 async def test_a_compactor_stopped_mid_pass_leaves_a_log_the_next_pass_completes(
-    cluster: ClusterEndpoints,
+    cluster: ClusterEndpoints, fate: str
 ) -> None:
     topic, root = unique("compact-fault"), f"/{unique('compact-fault')}"
     started: list[SidecarProcess] = []
@@ -231,6 +236,9 @@ async def test_a_compactor_stopped_mid_pass_leaves_a_log_the_next_pass_completes
         stopped_at = time.monotonic()
         assert (await other.describe(topic))["first_generation"] == 0  # nothing written
         assert (await other.describe(topic))["lock"]["holder"].startswith("stopping-")
+        if fate == "killed":
+            compactor.process.kill()
+            await compactor.process.wait()
 
         # Its session expires and takes the lock with it; the other sidecar's pass folds.
         while True:
@@ -243,26 +251,35 @@ async def test_a_compactor_stopped_mid_pass_leaves_a_log_the_next_pass_completes
         recovered_s = time.monotonic() - stopped_at
         assert recovered_s < RECOVERY_BOUND_S
 
-        # Resumed, the stale compactor's write is refused (its session is gone, or the
-        # log moved): it changes nothing, and it reads the compacted log like the rest.
-        os.kill(compactor.process.pid, signal.SIGCONT)
-        status, body = await asyncio.wait_for(asked, 60)
-        assert status != 200 or body["folded"] == 0, body
-        assert status in (200, 409, 503), body
+        if fate == "resumed":
+            # Resumed, the stale compactor's write is refused (its session is gone, or
+            # the log moved): it changes nothing, and it reads the compacted log like
+            # the rest.
+            os.kill(compactor.process.pid, signal.SIGCONT)
+            status, body = await asyncio.wait_for(asked, 60)
+            assert status != 200 or body["folded"] == 0, body
+            assert status in (200, 409, 503), body
+        else:
+            # Its request died with it; a sidecar started in its place reads the
+            # compacted log.
+            assert isinstance((await asyncio.gather(asked, return_exceptions=True))[0], Exception)
+            started.append(await start_process(settings_for(cluster, root, "restarted")))
+            compactor = started[-1]
 
         async def compacted_everywhere() -> bool:
-            # The resumed sidecar answers 503 until it has a new session and has read
-            # the topics again.
-            answers = [await s.admin("GET", f"/admin/topics/{topic}") for s in started]
+            # A resumed sidecar answers 503 until it has a new session and has read the
+            # topics again.
+            live = [s for s in started if s.process.returncode is None]
+            answers = [await s.admin("GET", f"/admin/topics/{topic}") for s in live]
             return all(status == 200 and d["first_generation"] == 2 for status, d in answers)
 
-        await eventually(compacted_everywhere, 60, "both sidecars read the compacted log")
+        await eventually(compacted_everywhere, 60, "every sidecar reads the compacted log")
         after = await other.describe(topic)
         assert [g["number"] for g in after["generations"]] == [2, 3]
         assert after["generations"] == [g for g in before["generations"] if g["number"] >= 2]
-        # And the resumed sidecar still changes the topic.
+        # And the resumed (or restarted) sidecar still changes the topic.
         assert (await compactor.change_count(topic, 3))["phase"] == "done"
-        print(f"the next pass completed {recovered_s:.1f} s after the compactor stopped")
+        print(f"the next pass completed {recovered_s:.1f} s after the compactor stopped ({fate})")
     finally:
         for sidecar in started:
             if sidecar.process.returncode is None:
