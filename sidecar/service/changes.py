@@ -237,9 +237,10 @@ class ChangeRunner:
             return await self._drive(stored, None)
 
     async def _journal(self, topic: str) -> Operation | None:
-        """The topic's journal as its watch last reported it; read from ZooKeeper (and
-        the watch set, the first time) while the watch has not reported it yet, or
-        could not decode it."""
+        """The topic's journal as its watch last reported it (read after the topic's
+        lock was last released: no older than the last holder's writes); read from
+        ZooKeeper (and the watch set, the first time) while the watch has not reported
+        it yet, or could not read it."""
         if topic not in self._watched:
             self._watched.add(topic)
 

@@ -207,6 +207,72 @@ async def test_operation_journal(store: MetadataStore) -> None:
     assert (await store.read_topic("orders")).operation == finished
 
 
+class _Journals:
+    """What a journal watch reported, in order (``unreadable`` as the string)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Operation | str | None] = []
+        self._reported = asyncio.Event()
+
+    def seen_one(self, operation: Operation | None) -> None:
+        self.seen.append(operation)
+        self._reported.set()
+
+    def unreadable(self) -> None:
+        self.seen.append("unreadable")
+        self._reported.set()
+
+    async def reach(self, count: int) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while len(self.seen) < count:
+                await self._reported.wait()
+                self._reported.clear()
+
+
+async def test_the_journal_watch_reports_the_journal_once_the_lock_is_released(
+    cluster: ClusterEndpoints, root: str, store: MetadataStore
+) -> None:
+    """The journal is reported when the watch is set, then after each release of the
+    topic's lock (the journal's writes under it are not reported one by one), also a
+    release by a coordinator whose session ended: then the unfinished journal it left."""
+    await _managed_topic(store)
+    journals = _Journals()
+    store.watch_journal("orders", journals.seen_one, journals.unreadable)
+    await journals.reach(1)
+    assert journals.seen == [None]
+
+    operation = _operation("orders")
+    async with _started(cluster, root, session_timeout_s=4.0) as coordinator:
+        async with coordinator.lock("orders", "coordinator", timeout=5.0):
+            await coordinator.save_operation(operation)
+            done = dataclasses.replace(operation, phase=Phase.DONE, outcome="expanded to 3")
+            await coordinator.save_operation(done)
+            await asyncio.sleep(0.5)
+            assert journals.seen == [None]  # held: nothing reported yet
+        await journals.reach(2)
+        assert journals.seen == [None, done]
+
+        # A coordinator that dies with its change unfinished: its lock goes with its
+        # session, and the journal it left is reported then.
+        async with coordinator.lock("orders", "coordinator", timeout=5.0):
+            await coordinator.save_operation(operation)
+            session = coordinator._connection.client.client_id
+            intruder = KazooClient(hosts=cluster.zookeeper_hosts, client_id=session)
+            await asyncio.to_thread(intruder.start)
+            await asyncio.to_thread(intruder.stop)
+            await asyncio.to_thread(intruder.close)
+            await journals.reach(3)
+            assert journals.seen[2] == operation
+    # A journal nobody can decode is reported as such at the next release.
+    await asyncio.to_thread(
+        store._connection.client.set, store._connection.ops_path("orders"), b"not json"
+    )
+    async with store.lock("orders", "a", timeout=5.0):
+        pass
+    await journals.reach(4)
+    assert journals.seen[3] == "unreadable"
+
+
 async def test_a_journal_taken_over_refuses_its_former_writer(
     cluster: ClusterEndpoints, root: str, store: MetadataStore
 ) -> None:

@@ -242,8 +242,9 @@ class MetadataStore:
         unreadable: Callable[[], None],
     ) -> None:
         """Call ``seen`` on the loop with the topic's change journal (None: none) when the
-        watch is set, whenever it is written, and after every reconnect; ``unreadable``
-        instead when it cannot be decoded."""
+        watch is set, each time the topic's change lock is released, and after a
+        reconnect that finds the lock free; ``unreadable`` instead when it cannot be
+        read or decoded (``Operations.watch_journal``)."""
         self._operations.watch_journal(topic, seen, unreadable)
 
     async def take_over_operation(self, topic: str) -> Operation | None:

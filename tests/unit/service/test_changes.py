@@ -126,11 +126,20 @@ class _Zk:
             raise pending.pop(0)
 
     def journal(self, operation: Operation) -> None:
-        """Write a journal as another sidecar would (a dead coordinator's, a successor's)."""
+        """Write a journal as another sidecar would (a dead coordinator's, a successor's),
+        whose lock is then released (or gone with its session): the watches report it."""
+        self._write_journal(operation)
+        self._report_journal(operation.topic)
+
+    def _write_journal(self, operation: Operation) -> None:
         self.journals[operation.topic] = operation
         self.versions[operation.topic] = self.versions.get(operation.topic, -1) + 1
-        for seen, _ in self.journal_watches.get(operation.topic, []):
-            asyncio.get_running_loop().call_soon(seen, operation)
+
+    def _report_journal(self, topic: str) -> None:
+        """What a journal watch does when the topic's lock is released: it reads the
+        journal, and reports it (on the loop, from ZooKeeper's thread)."""
+        for seen, _ in self.journal_watches.get(topic, []):
+            asyncio.get_running_loop().call_soon(seen, self.journals.get(topic))
 
     def _require_owner(self, topic: str) -> None:
         expected = self.expected.get(topic)
@@ -153,8 +162,8 @@ class _Zk:
         seen: Callable[[Operation | None], None],
         unreadable: Callable[[], None],
     ) -> None:
-        """As a watch does: reports the journal soon after it is set, then soon after
-        every write of it (on the loop, from ZooKeeper's thread)."""
+        """As the watch does: reports the journal soon after it is set, then each time
+        the topic's lock is released (on the loop, from ZooKeeper's thread)."""
         self.journal_watches.setdefault(topic, []).append((seen, unreadable))
         asyncio.get_running_loop().call_soon(seen, self.journals.get(topic))
 
@@ -168,7 +177,7 @@ class _Zk:
     async def save_operation(self, operation: Operation) -> None:
         self._fail(f"save_operation {operation.phase.value}")
         self._require_owner(operation.topic)
-        self.journal(operation)
+        self._write_journal(operation)
         self.expected[operation.topic] = self.versions[operation.topic]
         self.saved.append(operation)
         self.trail.append(f"journal {operation.phase.value}")
@@ -193,6 +202,7 @@ class _Zk:
             # Gone already if the session expired meanwhile (an ephemeral node).
             if self.holders.get(topic) is mine:
                 del self.holders[topic]
+                self._report_journal(topic)
 
     async def publish_barrier(self, topic: str, pending: PendingBarrier) -> None:
         state = self.topics[topic]
@@ -253,7 +263,7 @@ class _Zk:
             state.config, state.log.append(generation), modes, delete_after, pending=None
         )
         self.acks.pop(generation.number, None)
-        self.journal(operation)
+        self._write_journal(operation)
         self.expected.pop(topic, None)
         self.commits.append((generation, modes))
         self.trail.append(f"commit generation {generation.number} ({operation.phase.value})")
