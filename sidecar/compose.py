@@ -282,7 +282,7 @@ class SidecarServer:
                     if PartitionMode.READ_ONLY in runtime.state.modes:
                         await self.retirer.retire(topic)
                     if self._compaction_due(topic, len(runtime.state.log.generations)):
-                        await self.compactor.compact(topic)
+                        await self.compactor.compact(topic, seen=runtime.state)
                 except SidecarError as exc:
                     # Another sidecar holds the lock or ZooKeeper is away: next round.
                     _log.debug("housekeeping of %s deferred: %s", topic, exc.message)

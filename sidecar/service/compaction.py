@@ -92,10 +92,25 @@ class Compactor:
         self.lock_timeout_s = lock_timeout_s
         self.faults = faults or FaultHooks()
 
-    async def compact(self, topic: str, *, lock_timeout_s: float | None = None) -> Compaction:
+    async def compact(
+        self,
+        topic: str,
+        *,
+        lock_timeout_s: float | None = None,
+        seen: TopicState | None = None,
+    ) -> Compaction:
         """One pass over ``topic``: what it folded (nothing if nothing could be, or a
         change is in progress). ``lock_timeout_s``: how long to wait for the topic's
         lock (the compactor's own timeout unless given).
+
+        ``seen``: the topic as this sidecar last read it (housekeeping's periodic pass).
+        The pass then asks Kafka and ZooKeeper first, without the lock, whether that
+        log could be folded at all, and takes the lock only if it could. Taking the lock
+        wakes every sidecar's journal watch (``watch_journal``): a pass of each of N
+        sidecars per interval would otherwise cost the fleet N x N wake-ups and reads
+        per topic and interval, for a fold that happens only when retention moved past
+        a boundary. A stale ``seen`` is harmless: it delays a fold to a later pass, or
+        the locked pass reads again and decides from the stored log.
 
         Raises SidecarError subclasses (OperationInProgress while another sidecar holds
         the topic's lock or the log changed under the write, MetadataUnavailable,
@@ -103,6 +118,9 @@ class Compactor:
         was folded before such an error stays folded.
         """
         wait_s = self.lock_timeout_s if lock_timeout_s is None else lock_timeout_s
+        if seen is not None and not await self._may_fold(topic, seen):
+            log = seen.log
+            return Compaction(0, log.first_number, log.current.number)
         async with self.store.lock(topic, self.sidecar_id, wait_s, "compaction"):
             state = await self.store.read_topic(topic)
             log = state.log
@@ -132,6 +150,15 @@ class Compactor:
                     log.first_number,
                 )
             return Compaction(folded, log.first_number, log.current.number)
+
+    async def _may_fold(self, topic: str, seen: TopicState) -> bool:
+        """Whether a locked pass over ``seen`` could fold anything (no lock taken). The
+        journal is left to the locked pass: the topic as last read may show the phase a
+        change had at its commit, not the end written after it."""
+        if len(seen.log.generations) == 1:
+            return False
+        first = await self._foldable(topic, seen.log, len(seen.modes))
+        return seen.log.first_number < first
 
     async def _foldable(self, topic: str, log: GenerationLog, count: int) -> int:
         """The number of the first generation the log may keep (``foldable_count``),

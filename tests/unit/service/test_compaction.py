@@ -48,6 +48,8 @@ class Store:
         self.state = TopicState(TopicConfig(TOPIC, 1, 1), log, modes)
         self.acknowledged: dict[str, set[tuple[int, int]]] = {}
         self.lock_holder: str | None = None
+        self.locks_taken: list[str] = []
+        """The owner of every lock taken, in order."""
         self.writes: list[tuple[int, int]] = []
         """(first generation before, after) of every compaction written."""
         self.fail_write: int | None = None
@@ -63,6 +65,7 @@ class Store:
         if self.lock_holder is not None:
             raise OperationInProgress(f"{self.lock_holder} holds the change lock")
         self.lock_holder = owner
+        self.locks_taken.append(owner)
         try:
             yield
         finally:
@@ -339,3 +342,23 @@ def test_a_stored_log_compacted_by_passes_decides_every_remaining_record_the_sam
     assert_same_decisions(retained, stored)
     nodes = store.client.get_children(f"/ordered/topics/{TOPIC}/generations")
     assert sorted(int(name) for name in nodes) == [g.number for g in stored.generations]
+
+
+async def test_a_pass_given_the_topic_as_seen_takes_no_lock_unless_it_could_fold() -> None:
+    """Housekeeping's passes: nothing to fold costs no lock (every lock taken wakes
+    every sidecar's journal watch); something to fold goes through the locked pass."""
+    store = Store(_log(4))
+    taken = store.locks_taken
+    kafka = Kafka([0, 0], {})
+    compactor, metrics = _compactor(store, kafka)
+    assert (await compactor.compact(TOPIC, seen=store.state)).folded == 0
+    assert (taken, store.writes, kafka.reads) == ([], [], 1)
+    # The log starts moved past every old boundary: the locked pass folds.
+    kafka.log_start = [10**6, 10**6]
+    assert (await compactor.compact(TOPIC, seen=store.state)).folded == 4
+    assert taken == ["s1"]
+    assert _folded(metrics) == 4
+    # Only the current generation is left: nothing asked, no lock.
+    reads = kafka.reads
+    assert (await compactor.compact(TOPIC, seen=store.state)).folded == 0
+    assert (taken, kafka.reads) == (["s1"], reads)
