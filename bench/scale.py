@@ -196,8 +196,24 @@ def sidecar_settings(cluster: ClusterEndpoints, root: str, name: str, lanes: int
         request_timeout_ms=defaults.kafka.request_timeout_ms,
         transaction_lanes=lanes,
     )
-    http = dataclasses.replace(settings.http, port=free_port(), ops_port=free_port())
+    http = dataclasses.replace(settings.http, port=_unused_port(), ops_port=_unused_port())
     return dataclasses.replace(settings, http=http)
+
+
+_HANDED_OUT: set[int] = set()
+"""Every port this run gave a sidecar."""
+
+
+def _unused_port() -> int:
+    """A free loopback port no sidecar of this run was given before. The kernel's picks
+    repeat: among 200 of some 28,000 ephemeral ports, two alike are more likely than
+    not, and the sidecar that then fails to bind can pass for ready on the answer of
+    the one that holds its port."""
+    while True:
+        port = free_port()
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 PORT_TAKEN_EXIT = 2
