@@ -73,7 +73,11 @@ SampleKey = tuple[str, frozenset[tuple[str, str]]]
 async def scrape(sidecar: Sidecar) -> dict[SampleKey, float]:
     """Every sample of the sidecar's /metrics."""
     async with sidecar.http.get("/metrics") as response:
-        text = await response.text()
+        return parse_samples(await response.text())
+
+
+def parse_samples(text: str) -> dict[SampleKey, float]:
+    """Every sample of a Prometheus text exposition."""
     samples: dict[SampleKey, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -74,6 +74,7 @@ from typing import IO
 
 import aiohttp
 
+from bench.harness import parse_samples, total
 from bench.machine import cluster_pids, cores, kafka_line, process_ticks, remove_data
 from bench.report import RESULTS_DIR, markdown_table, measure_and_write
 from bench.soak import rss_kib
@@ -425,9 +426,27 @@ class Changes:
     sidecars: int
     seconds: list[float]
     """Each change, from the admin request to its answer (phase done)."""
+    barrier_to_commit: list[float]
+    """Each change, from its barrier published to its generation committed: the
+    coordinator's ``sidecar_barrier_phase_seconds`` of the phases in between."""
     received: int
     """ZooKeeper packets received during the changes (every sidecar and the probe)."""
     window_s: float
+
+
+BARRIER_TO_COMMIT = ("barrier", "fencing", "reading_boundaries", "committing")
+"""The phases from a change's barrier published to its generation committed."""
+
+
+async def phase_seconds(http: aiohttp.ClientSession, sidecar: Running, topic: str) -> float:
+    """The seconds ``sidecar`` spent coordinating ``topic``'s changes in the phases from
+    barrier to commit, as its ``sidecar_barrier_phase_seconds`` counts them so far."""
+    async with http.get(f"{sidecar.ops_url}/metrics") as response:
+        samples = parse_samples(await response.text())
+    return sum(
+        total(samples, "sidecar_barrier_phase_seconds_sum", topic=topic, phase=phase)
+        for phase in BARRIER_TO_COMMIT
+    )
 
 
 async def expand(http: aiohttp.ClientSession, through: Running, topic: str, target: int) -> float:
@@ -456,12 +475,18 @@ async def measure_changes(
     """Expand ``topic`` ``count`` times by one partition through sidecar 0's admin API."""
     before = await zookeeper_counters(hosts)
     began = time.monotonic()
-    seconds = []
+    seconds, barrier_to_commit = [], []
     for target in range(first_count + 1, first_count + count + 1):
+        phases_before = await phase_seconds(http, fleet[0], topic)
         seconds.append(await expand(http, fleet[0], topic, target))
+        barrier_to_commit.append(await phase_seconds(http, fleet[0], topic) - phases_before)
     after = await zookeeper_counters(hosts)
     return Changes(
-        len(fleet), seconds, after["Received"] - before["Received"], time.monotonic() - began
+        len(fleet),
+        seconds,
+        barrier_to_commit,
+        after["Received"] - before["Received"],
+        time.monotonic() - began,
     )
 
 
@@ -640,7 +665,8 @@ async def run(plan: Plan, log: IO[bytes]) -> tuple[Results, str]:
                         print(
                             f"  {plan.changes} changes: median "
                             f"{statistics.median(changes.seconds):.2f} s, "
-                            f"max {max(changes.seconds):.2f} s",
+                            f"max {max(changes.seconds):.2f} s; barrier to commit, median "
+                            f"{statistics.median(changes.barrier_to_commit):.2f} s",
                             flush=True,
                         )
                         if plan.paused_change and len(fleet) > 1:
@@ -857,6 +883,8 @@ def changes_table(changes: Sequence[Changes]) -> list[str]:
             f"**{statistics.median(c.seconds):.2f}**",
             f"{_percentile(c.seconds, 0.99):.2f}",
             ", ".join(f"{x:.2f}" for x in c.seconds),
+            f"**{statistics.median(c.barrier_to_commit):.2f}**",
+            f"{_percentile(c.barrier_to_commit, 0.99):.2f}",
             f"{c.received / len(c.seconds):.0f}",
             f"{c.received / len(c.seconds) / c.sidecars:.1f}",
         ]
@@ -869,6 +897,8 @@ def changes_table(changes: Sequence[Changes]) -> list[str]:
             "request to done, median s",
             "p99 s",
             "each, s",
+            "barrier to commit, median s",
+            "p99 s",
             "ZooKeeper packets per change",
             "per change and sidecar",
         ],
@@ -936,8 +966,11 @@ def render(results: Results) -> list[str]:
             f"After each idle window, {plan.changes} expansions of one topic (by one "
             "partition each, RF 3), one after the other, through sidecar 0's admin API: "
             "from the request to its answer (the change done: partitions created, barrier "
-            "published, every live sidecar's ack, commit). ZooKeeper packets are every "
-            "client's during the changes, pings included.",
+            "published, every live sidecar's ack, commit), and the part of it from the "
+            "barrier published to the generation committed (the coordinator's "
+            "`sidecar_barrier_phase_seconds` of the barrier, fencing, reading_boundaries "
+            "and committing phases; goal ≤ 2 s with 100 sidecars). ZooKeeper packets are "
+            "every client's during the changes, pings included.",
             "",
             *changes_table(results.changes),
             "",
