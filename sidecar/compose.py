@@ -73,6 +73,7 @@ class SidecarServer:
             withhold_barrier_acks=faults.withhold_barrier_acks,
             stop_before_commit=faults.stop_before_commit,
             stop_before_compaction_write=faults.stop_before_compaction_write,
+            ungated_delivery=faults.ungated_delivery,
         )
         self.sidecar = TopicRegistry(
             settings, self.store, self.kafka, self.metrics, faults=self.faults
@@ -114,7 +115,7 @@ class SidecarServer:
         self._next_compaction: dict[str, float] = {}
         """Per managed topic, when (monotonic) this sidecar next tries to compact it."""
         self.consumers = build_consumers(
-            self.settings, self.sidecar, self.store, self.kafka, self.metrics
+            self.settings, self.sidecar, self.store, self.kafka, self.metrics, self.faults
         )
         self.produce = ProduceService(settings, self.sidecar, self.kafka, self.metrics)
         self.app = build_app(
@@ -327,6 +328,7 @@ def build_consumers(
     store: MetadataStore,
     kafka: KafkaGateway,
     metrics: SidecarMetrics,
+    faults: FaultHooks | None = None,
 ) -> Consumers:
     """The consumer-instance registry, wired to this sidecar's adapters."""
     consumer_metrics = ConsumerMetrics(metrics)
@@ -360,6 +362,7 @@ def build_consumers(
         metrics=consumer_metrics,
         start_consumer=start_consumer,
         callback_client=callback_client,
+        faults=faults or FaultHooks(),
     )
     consumers = Consumers(context)
     sidecar.on_assignable_change(consumers.assignable_changed)

@@ -26,6 +26,7 @@ class FaultHooks:
         withhold_barrier_acks: bool = False,
         stop_before_commit: int = 0,
         stop_before_compaction_write: bool = False,
+        ungated_delivery: bool = False,
     ) -> None:
         self.kill_after_phase = kill_after_phase
         """SIGKILL this process right after it journals a change entering this phase."""
@@ -36,6 +37,9 @@ class FaultHooks:
         self.stop_before_compaction_write = stop_before_compaction_write
         """SIGSTOP this process once, after a compaction read what it folds and before its
         first write: a compactor paused (or, killed then, dead) holding the topic's lock."""
+        self.ungated_delivery = ungated_delivery
+        """Consumers release records without the gate or the key hand-off, as for a topic
+        without ordered delivery: per-key order breaks across changes."""
         self._stopped = False
         self._compaction_stopped = False
 

@@ -62,6 +62,7 @@ def settings_for(
     withhold_barrier_acks: bool = False,
     stop_before_commit: int = 0,
     stop_before_compaction_write: bool = False,
+    ungated_delivery: bool = False,
     zookeeper_hosts: str | None = None,
     request_timeout_ms: int | None = None,
     transaction_lanes: int | None = None,
@@ -101,6 +102,7 @@ def settings_for(
             withhold_barrier_acks=withhold_barrier_acks,
             stop_before_commit=stop_before_commit,
             stop_before_compaction_write=stop_before_compaction_write,
+            ungated_delivery=ungated_delivery,
         ),
     )
 

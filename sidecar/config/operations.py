@@ -90,3 +90,7 @@ class FaultSettings:
     stop_before_compaction_write: bool = False
     """SIGSTOP this process once, when a compaction of a generation log has decided what
     to fold and not written it yet (holding the topic's lock): the compaction fault test."""
+    ungated_delivery: bool = False
+    """For tests only: this sidecar's consumers deliver every record of every topic as
+    soon as it is read, as if no topic were ordered (no gate, no key hand-off): an
+    ungated consumer whose broken per-key order the audit's tests must report."""

@@ -13,7 +13,7 @@ components speak these, and only ``sidecar.compose`` names the adapters that fil
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from sidecar.adapters.callbacks import CallbackMessage
@@ -25,6 +25,7 @@ from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.generations import ChangeKind
 from sidecar.core.handoff import HandoffCallback
 from sidecar.core.placement import is_stamped
+from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
 
 if TYPE_CHECKING:
@@ -225,3 +226,13 @@ class ConsumeContext:
     metrics: ConsumerMetrics
     start_consumer: StartConsumer
     callback_client: NewCallbackClient
+    faults: FaultHooks = field(default_factory=FaultHooks)
+
+    def gated(self, runtime: TopicRuntime | None) -> bool:
+        """Whether the topic's records go through the gate and the key hand-off: a
+        managed topic with ordered delivery, unless the ungated fault is armed."""
+        return (
+            runtime is not None
+            and runtime.state.config.ordered_delivery
+            and not self.faults.ungated_delivery
+        )

@@ -125,7 +125,7 @@ class Offsets:
 
     async def _revoke_before(self, tp: TopicPartition, offset: int) -> None:
         runtime = await self.context.registry.runtime(tp.topic)
-        if runtime is None or not runtime.state.config.ordered_delivery:
+        if runtime is None or not self.context.gated(runtime):
             return
         state = self.positions.get(tp)
         if state is None:
@@ -170,7 +170,7 @@ class Offsets:
                 state is None
                 or state.delivered is None
                 or runtime is None
-                or not runtime.state.config.ordered_delivery
+                or not self.context.gated(runtime)
             ):
                 continue
             try:
@@ -206,11 +206,7 @@ class Offsets:
             # the stop below that boundary would move the group's offset back.
             count = len(runtime.state.modes) if runtime is not None else tp.partition + 1
             before = await self._committed_before(tp, state, count)
-            if (
-                runtime is not None
-                and runtime.state.config.ordered_delivery
-                and not self._callbacks
-            ):
+            if runtime is not None and self.context.gated(runtime) and not self._callbacks:
                 # Without a callback, stop below a revocation the app has not acknowledged.
                 for revocation in revocations_crossed(
                     runtime.state.log, tp.partition, before, target

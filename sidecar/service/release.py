@@ -194,7 +194,7 @@ class Release:
     ) -> bool:
         """Do what the core's step says for ``tp`` until it is done; True if the
         response is full (nothing more is released from any partition)."""
-        gated = runtime is not None and runtime.state.config.ordered_delivery
+        gated = self.context.gated(runtime)
         decision = PartitionRelease[ConsumedRecord](
             tp.topic, tp.partition, managed=runtime is not None
         )

@@ -1,6 +1,6 @@
 """Helpers of the live audit's tests on the real cluster: an audit topic, histories
-written to it as events stamped now, ``/metrics`` read back, and ``sidecar audit
-stream`` run as its own process."""
+written to it as events stamped now, real sidecars auditing to it, ``/metrics`` read
+back, and ``sidecar audit stream`` run as its own process."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiokafka import AIOKafkaProducer
@@ -22,8 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ordered_audit import checks
 from ordered_dev.devcluster.provider import ClusterEndpoints
-from ordered_dev.harness.sidecars import unique
+from ordered_dev.harness.sidecars import READY_WITHIN_S, RunningSidecar, settings_for, unique
 from sidecar.audit.events import Event
+from sidecar.compose import SidecarServer
+from sidecar.config import AuditSettings
 from tests.audit.history import History, Scenario, written
 
 ANOMALIES = "sidecar_audit_stream_anomalies_total"
@@ -44,6 +48,41 @@ async def create_audit_topic(cluster: ClusterEndpoints) -> str:
     finally:
         await admin.close()
     return topic
+
+
+@contextlib.asynccontextmanager
+async def audited_sidecars(
+    cluster: ClusterEndpoints, audit_topic: str, options: Mapping[str, Mapping[str, Any]]
+) -> AsyncIterator[dict[str, RunningSidecar]]:
+    """One in-process sidecar per name of ``options`` (its ``settings_for`` options, a
+    fault among them), sharing a fresh ZooKeeper root, every one auditing to
+    ``audit_topic``; stopping them flushes their audit queues."""
+    root = f"/{unique('audited')}"
+    started: dict[str, RunningSidecar] = {}
+    try:
+        for name, extra in options.items():
+            settings = settings_for(cluster, root, name, **extra)
+            settings = replace(settings, audit=AuditSettings(enabled=True, topic=audit_topic))
+            server = SidecarServer(settings)
+            await server.start()
+            await asyncio.wait_for(server.wait_ready(), READY_WITHIN_S)
+            session = aiohttp.ClientSession(server.url)
+            started[name] = RunningSidecar(server.url, settings.sidecar_id, session, server)
+        yield started
+    finally:
+        for sidecar in started.values():
+            await sidecar.http.close()
+            await sidecar.server.stop()
+
+
+def audit_events_written(sidecars: Sequence[RunningSidecar]) -> tuple[float, float]:
+    """(events written to the audit topic, events dropped) by ``sidecars``."""
+    written = dropped = 0.0
+    for sidecar in sidecars:
+        registry = sidecar.server.metrics.registry
+        written += registry.get_sample_value("sidecar_audit_events_total") or 0.0
+        dropped += registry.get_sample_value("sidecar_audit_events_dropped_total") or 0.0
+    return written, dropped
 
 
 def on_topic(scenario: Scenario, topic: str) -> list[Event]:

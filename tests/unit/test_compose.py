@@ -350,6 +350,13 @@ def test_the_consume_context_is_wired_to_this_sidecars_parts() -> None:
     assert context.audit_sample_rate == 0.25
     assert context.settings is server.settings.consumer
     assert context.metrics.metrics is server.metrics
+    assert context.faults is server.faults
+    assert context.faults.ungated_delivery is False
+
+
+def test_the_ungated_fault_reaches_the_consume_context() -> None:
+    server = SidecarServer(settings_for(faults=FaultSettings(ungated_delivery=True)))
+    assert server.consumers.context.faults.ungated_delivery is True
 
 
 def test_callback_clients_use_the_callback_codec_retry_pause_and_metrics(

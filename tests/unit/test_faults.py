@@ -27,6 +27,7 @@ def test_empty_hooks_do_nothing(signals: list[int]) -> None:
     hooks.before_compaction_write("t")
     assert signals == []
     assert not hooks.withhold_barrier_acks
+    assert not hooks.ungated_delivery
 
 
 def test_a_kill_after_a_phase_fires_at_that_phase_only(signals: list[int]) -> None:

@@ -16,6 +16,7 @@ from sidecar.core.consume import TopicPartition
 from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
 from sidecar.core.placement import RELOCATION_HEADER
 from sidecar.core.topics import TopicConfig, TopicState
+from sidecar.faults import FaultHooks
 from sidecar.service.consume_context import ConsumeContext
 
 
@@ -281,6 +282,7 @@ class Context:
     settings: ConsumerSettings = field(
         default_factory=lambda: ConsumerSettings(gate_recheck_s=0.01, revoke_ack_wait_s=0.2)
     )
+    faults: FaultHooks = field(default_factory=FaultHooks)
 
     def build(self) -> ConsumeContext:
         async def start_consumer(options: Any) -> Any:
@@ -301,4 +303,5 @@ class Context:
             metrics=fakes.metrics,
             start_consumer=start_consumer,
             callback_client=callback_client,
+            faults=self.faults,
         )

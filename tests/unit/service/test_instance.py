@@ -10,6 +10,7 @@ from sidecar.core.errors import BadRequest, ConsumerStateConflict
 from sidecar.core.generations import Boundary, GenerationLog
 from sidecar.core.handoff import AssignmentChange, AssignmentNotice
 from sidecar.core.placement import GENERATION_HEADER
+from sidecar.faults import FaultHooks
 from sidecar.service.instance import ConsumerInstance, InstanceConfig
 from sidecar.service.release import PollResult
 from tests.unit.service import fakes
@@ -99,6 +100,21 @@ async def test_a_gated_record_waits_for_the_group_and_keys_assigned() -> None:
     released = await _poll(instance, 0.03, None)
     assert [r.offset for r in released.records] == [0, 1]
     assert released.events == []
+
+
+async def test_the_ungated_fault_delivers_a_gated_record_at_once() -> None:
+    # The record of the test above, with faults.ungated_delivery armed: no wait, no
+    # hand-off, no gate_opened, delivered (and audited) as if the topic were unordered.
+    context = fakes.Context(faults=FaultHooks(ungated_delivery=True))
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5)))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP1)
+    context.consumer.next_fetch = {TP1: fakes.records("t", 1, 0, 1)}
+    released = await _poll(instance, 0.03, None)
+    assert [r.offset for r in released.records] == [0, 1]
+    assert released.events == []
+    assert context.store.waiting == []
+    assert [e["type"] for e in context.audit.events] == ["delivered", "delivered"]
 
 
 async def test_relocation_tombstones_are_skipped_but_count_as_delivered() -> None:
