@@ -323,9 +323,13 @@ SEQ_IDENTITY = (*KEY_IDENTITY, "producer_seq")
 def first_deliveries(events: DataFrame) -> DataFrame:
     """The first delivery to each group of each (topic, producer, key, producer_seq), in
     delivery order: re-deliveries are duplicates, not reorderings. Records without a key
-    or without the sidecar's headers have no order to keep."""
+    or without the sidecar's headers have no order to keep, nor have those of a topic
+    without ordered delivery (``ordered`` false; older sidecars leave it out, null)."""
     keyed = _of_type(events, "delivered").where(
-        F.col("key").isNotNull() & F.col("producer").isNotNull() & F.col("producer_seq").isNotNull()
+        F.col("key").isNotNull()
+        & F.col("producer").isNotNull()
+        & F.col("producer_seq").isNotNull()
+        & F.coalesce(F.col("ordered"), F.lit(True))
     )
     per_seq = Window.partitionBy(*SEQ_IDENTITY).orderBy(*_DELIVERY_ORDER)
     return (

@@ -18,6 +18,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BooleanType,
     DataType,
     DoubleType,
     LongType,
@@ -56,6 +57,9 @@ EVENT_SCHEMA = StructType(
         StructField("count", LongType()),
         StructField("producer", StringType()),
         StructField("producer_seq", LongType()),
+        # delivered: whether the topic promises per-key order (absent from older
+        # sidecars' events: it did, as far as they said).
+        StructField("ordered", BooleanType()),
         StructField("group", StringType()),
         StructField("instance", StringType()),
         StructField("evidence", ArrayType(EVIDENCE_SCHEMA)),

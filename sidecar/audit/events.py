@@ -104,7 +104,10 @@ def delivered(
     offset: int,
     key: bytes | None,
     headers: Sequence[Header],
+    ordered: bool = True,
 ) -> Event:
+    """``ordered``: whether the topic promises per-key order (a managed topic with
+    ordered delivery); the audit checks order only where it does."""
     stamp = record_stamp(headers)
     return {
         "type": "delivered",
@@ -117,6 +120,7 @@ def delivered(
         "generation": None if stamp is None else stamp.generation,
         "producer": None if stamp is None else stamp.sidecar,
         "producer_seq": None if stamp is None else stamp.sequence,
+        "ordered": ordered,
     }
 
 

@@ -335,9 +335,14 @@ class Release:
         if not audit.enabled:
             return
         rate = self.context.audit_sample_rate
+        topics = self.context.registry.topics
         for record in result.records:
             if not key_sampled(record.key, rate):
                 continue
+            # The topic's promise, not this consumer's gate: an ungated delivery of an
+            # ordered topic is what the audit is there to catch.
+            runtime = topics.get(record.topic)
+            ordered = runtime is not None and runtime.state.config.ordered_delivery
             audit.emit(
                 audit_events.delivered(
                     group=self.state.group,
@@ -347,6 +352,7 @@ class Release:
                     offset=record.offset,
                     key=record.key,
                     headers=record.headers,
+                    ordered=ordered,
                 )
             )
 

@@ -106,19 +106,22 @@ class History:
         group: str = GROUP,
         instance: str = "c1",
         sidecar: str = CONSUMER,
+        ordered: bool | None = True,
     ) -> None:
-        self.emit(
-            sidecar,
-            audit_events.delivered(
-                group=group,
-                instance=instance,
-                topic=TOPIC,
-                partition=record.partition,
-                offset=record.offset,
-                key=record.key,
-                headers=record.headers(),
-            ),
+        """``ordered`` None: the event of an older sidecar, without the field."""
+        event = audit_events.delivered(
+            group=group,
+            instance=instance,
+            topic=TOPIC,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
+            headers=record.headers(),
+            ordered=bool(ordered),
         )
+        if ordered is None:
+            del event["ordered"]
+        self.emit(sidecar, event)
 
     def deliver_bare(
         self, partition: int, offset: int, key: bytes, *, group: str = GROUP, instance: str = "c1"

@@ -161,6 +161,18 @@ def test_an_ungated_consumer_delivers_the_moved_keys_out_of_order(spark: SparkSe
         assert "delivered after seq" in row["detail"]
 
 
+def test_order_is_checked_only_where_the_topic_promises_it(spark: SparkSession) -> None:
+    """The same ungated delivery on a topic without ordered delivery is no anomaly; from
+    a sidecar that does not say (no ``ordered`` field), the topic is taken as ordered."""
+    for ordered in (False, None):
+        scenario = written()
+        records = scenario.before + scenario.after
+        for record in sorted(records, key=lambda r: (r.partition != 2, r.partition, r.offset)):
+            scenario.history.deliver(record, ordered=ordered)
+        expected = {} if ordered is False else {checks.NONMONOTONIC: 2 * len(scenario.moved_keys)}
+        assert kinds(found(spark, scenario)) == expected, ordered
+
+
 def test_re_deliveries_of_seen_seqs_are_not_order_violations(spark: SparkSession) -> None:
     scenario = clean()
     history = scenario.history

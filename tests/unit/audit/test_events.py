@@ -90,6 +90,7 @@ def test_delivered_traces_the_record_by_its_stamp_in_either_header_format(
         "generation": 5,
         "producer": "sidecar-b",
         "producer_seq": 123,
+        "ordered": True,
     }
 
 

@@ -115,6 +115,20 @@ async def test_the_ungated_fault_delivers_a_gated_record_at_once() -> None:
     assert released.events == []
     assert context.store.waiting == []
     assert [e["type"] for e in context.audit.events] == ["delivered", "delivered"]
+    # The topic still promises order: the audit is told so, and checks it.
+    assert [e["ordered"] for e in context.audit.events] == [True, True]
+
+
+async def test_deliveries_of_a_topic_without_ordered_delivery_say_so_to_the_audit() -> None:
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5), ordered=False))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP1)
+    context.consumer.next_fetch = {TP1: fakes.records("t", 1, 0, 1)}
+    released = await _poll(instance, 0.03, None)
+    assert [r.offset for r in released.records] == [0, 1]
+    delivered = [e for e in context.audit.events if e["type"] == "delivered"]
+    assert [e["ordered"] for e in delivered] == [False, False]
 
 
 async def test_relocation_tombstones_are_skipped_but_count_as_delivered() -> None:
