@@ -23,6 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from ordered_audit import checks
+from ordered_audit.stream import StreamConfig
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.sidecars import READY_WITHIN_S, RunningSidecar, settings_for, unique
 from sidecar.audit.events import Event
@@ -35,6 +36,18 @@ EVENTS = "sidecar_audit_stream_events_total"
 LAG = "sidecar_audit_stream_lag_seconds"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def stream_config(cluster: ClusterEndpoints, audit_topic: str, checkpoint: Path) -> StreamConfig:
+    """The live audit in this process: a micro-batch a second, its /metrics on a free
+    port."""
+    return StreamConfig(
+        bootstrap=cluster.kafka_bootstrap,
+        topic=audit_topic,
+        checkpoint=checkpoint,
+        trigger_s=1.0,
+        metrics_port=0,
+    )
 
 
 async def create_audit_topic(cluster: ClusterEndpoints) -> str:

@@ -41,7 +41,7 @@ from pyspark.sql import SparkSession
 
 from ordered_audit import checks
 from ordered_audit.job import AuditConfig, AuditResult, run_audit
-from ordered_audit.stream import RunningStream, StreamConfig, start_stream
+from ordered_audit.stream import RunningStream, start_stream
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.consumers import create_consumer
 from ordered_dev.harness.ledger import (
@@ -54,13 +54,15 @@ from ordered_dev.harness.ledger import (
 from ordered_dev.harness.sidecars import RunningSidecar, unique
 from ordered_dev.harness.waiting import eventually
 from tests.audit.live import (
-    EVENTS,
     Samples,
     anomalies_by_topic,
     audit_events_written,
     audited_sidecars,
     create_audit_topic,
+    events_counted,
     scrape,
+    stream_config,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -173,14 +175,11 @@ async def until_reported(
 
 async def counted(http: aiohttp.ClientSession, port: int, events: float) -> Samples:
     """/metrics once the stream has counted ``events`` events."""
-    samples: Samples = {}
-
-    async def all_counted() -> bool:
-        nonlocal samples
-        samples = await scrape(http, port)
-        return samples.get((EVENTS, frozenset())) == events
-
-    await eventually(all_counted, COUNTED_WITHIN_S, f"the stream counts {events:g} events")
+    samples = await wait_for(http, port, int(events), COUNTED_WITHIN_S)
+    assert events_counted(samples) == events, (
+        f"not within {COUNTED_WITHIN_S:g} s: the stream counts {events:g} events "
+        f"(it counted {events_counted(samples)})"
+    )
     return samples
 
 
@@ -192,13 +191,7 @@ async def injected(
     audit_topic = await create_audit_topic(cluster)
     topics = {name: unique(name) for name in ("clean", "bypassed", "ungated")}
     began = time.time()
-    config = StreamConfig(
-        bootstrap=cluster.kafka_bootstrap,
-        topic=audit_topic,
-        checkpoint=directory / "checkpoint",
-        trigger_s=1.0,
-        metrics_port=0,
-    )
+    config = stream_config(cluster, audit_topic, directory / "checkpoint")
     running: RunningStream = await asyncio.to_thread(start_stream, spark, config)
     options: dict[str, dict[str, Any]] = {"sc": {}, "ungated": {"ungated_delivery": True}}
     try:

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from pyspark.sql import SparkSession
 
-from ordered_audit.stream import RunningStream, StreamConfig, start_stream
+from ordered_audit.stream import RunningStream, start_stream
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.sidecars import unique
 from tests.audit.history import clean
@@ -34,6 +34,7 @@ from tests.audit.live import (
     expected_anomalies,
     faulty,
     on_topic,
+    stream_config,
     wait_for,
     write_events,
 )
@@ -48,13 +49,7 @@ async def test_the_stream_reports_injected_anomalies_within_a_minute_and_nothing
 ) -> None:
     audit_topic = await create_audit_topic(cluster)
     good, bad = unique("clean"), unique("faulty")
-    config = StreamConfig(
-        bootstrap=cluster.kafka_bootstrap,
-        topic=audit_topic,
-        checkpoint=tmp_path / "checkpoint",
-        trigger_s=1.0,
-        metrics_port=0,
-    )
+    config = stream_config(cluster, audit_topic, tmp_path / "checkpoint")
     running: RunningStream = await asyncio.to_thread(start_stream, spark, config)
     try:
         async with aiohttp.ClientSession() as http:
