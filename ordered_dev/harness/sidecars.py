@@ -175,9 +175,10 @@ class SidecarProcess(SidecarClient):
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:
-    """``settings`` as the ``ORDERED_SIDECAR__*`` variables ``sidecar serve`` reads."""
+    """``settings`` as the ``ORDERED_SIDECAR__*`` variables ``sidecar serve`` reads
+    (the sections the harness sets; the others keep what the environment says)."""
     env: dict[str, str] = {}
-    for section in ("kafka", "zookeeper", "http", "produce", "faults"):
+    for section in ("kafka", "zookeeper", "http", "produce", "changes", "consumer", "faults"):
         env |= _section_environment(
             f"ORDERED_SIDECAR__{section.upper()}", getattr(settings, section)
         )
