@@ -13,7 +13,10 @@ an events-mode consumer group, a change every 3-8 s to a random count in [2, 12]
 and CLI), and faults one at a time for ``--minutes``: sidecar SIGKILL and restart,
 sidecar SIGSTOP past its session timeout (a zombie), consumer instances deleted and
 created again, ZooKeeper SIGSTOP 12-16 s, broker SIGKILL and restart, callback
-endpoints answering 503. The same ``--seed`` gives the same schedule.
+endpoints answering 503. The same ``--seed`` gives the same schedule. With
+``--trim-every S`` the delete topic's records below what both groups committed are
+deleted every S seconds (as retention would), and ``--compaction-interval`` sets how
+often the sidecars fold the generations whose records are gone.
 
 After the load: per-key order in each group, every acknowledged record delivered to
 both groups within 30 s of the last fault, the key hand-off contract, stale produces
@@ -88,6 +91,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--lanes", type=int, help="kafka.transaction_lanes (default: the sidecar's default)"
     )
+    parser.add_argument(
+        "--compaction-interval",
+        type=float,
+        help="changes.compaction_interval_s of every sidecar (default: the sidecar's default)",
+    )
+    parser.add_argument(
+        "--trim-every",
+        type=float,
+        default=defaults.trim_every_s,
+        help="seconds between two deletions of the delete topic's records below what both "
+        "groups committed, as retention would (0: never; default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     config = ChaosConfig(
         seed=args.seed,
@@ -96,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         request_timeout_ms=args.request_timeout_ms,
         change_every_s=(args.change_every[0], args.change_every[1]),
         transaction_lanes=args.lanes,
+        compaction_interval_s=args.compaction_interval,
+        trim_every_s=args.trim_every,
     )
     header_machine = machine_lines("…")  # the load average before the cluster starts
     began = time.monotonic()

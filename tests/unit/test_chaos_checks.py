@@ -19,6 +19,7 @@ from ordered_dev.harness.chaos.checks import (
     check_barrier,
     check_changes,
     check_compaction,
+    check_generation_log,
     check_handoff,
     check_liveness,
     check_order,
@@ -31,11 +32,13 @@ from ordered_dev.harness.chaos.history import (
     FaultRecord,
     History,
     Incarnation,
+    KeptLog,
     LockSighting,
 )
 from ordered_dev.harness.chaos.plan import ALL_FAULTS, ChaosConfig, Plan
+from sidecar.core.compaction import compact
 from sidecar.core.gate import waits_into
-from sidecar.core.generations import Boundary, GenerationLog, PartitionMode
+from sidecar.core.generations import Boundary, Generation, GenerationLog, PartitionMode
 from sidecar.core.handoff import revocation_points
 from sidecar.core.placement import RELOCATION_HEADER, HeaderFormat, sidecar_headers
 from sidecar.core.routing import partition_for_key
@@ -496,3 +499,87 @@ def test_changes_finds_a_change_answered_rolled_back_that_was_done() -> None:
     )
     (violation,) = check_changes(history, 60.0).violations
     assert "answered 409 40930" in violation
+
+
+# The generation log under compaction ------------------------------------------------------
+
+
+def three_changes() -> GenerationLog:
+    """N=1: 1 -> 2 -> 3 -> 2 partitions, boundaries growing."""
+    log = GenerationLog.start(1)
+    log = log.append(log.next_generation(2, [Boundary(10), Boundary(0)]))
+    log = log.append(log.next_generation(3, [Boundary(20), Boundary(5), Boundary(0)]))
+    return log.append(log.next_generation(2, [Boundary(30), Boundary(9), Boundary(4)]))
+
+
+def folded_snapshot(full: GenerationLog, stored: GenerationLog, starts: list[int]) -> TopicSnapshot:
+    partitions = full.current.physical_count
+    return TopicSnapshot(
+        TOPIC,
+        False,
+        full,
+        (PartitionMode.READ_WRITE,) * partitions,
+        dict(enumerate(starts)),
+        {},
+        [],
+        stored_log=stored,
+    )
+
+
+def kept_history(*seen: GenerationLog) -> History:
+    history = History(groups=(GROUP,))
+    kept = history.kept_logs[TOPIC] = KeptLog(seen[0].initial_count)
+    for at, log in enumerate(seen):
+        kept.add(log, float(at))
+    return history
+
+
+def test_kept_log_rebuilds_the_full_log_from_logs_folded_over_time() -> None:
+    full = three_changes()
+    early = GenerationLog(full.initial_count, full.generations[:2])
+    history = kept_history(early, compact(full, 2), compact(full, 3))
+    kept = history.kept_logs[TOPIC]
+    assert kept.full() == full
+    assert (kept.first_kept, kept.longest, kept.disagreements) == (3, 2, [])
+
+
+def test_kept_log_names_a_generation_folded_before_it_was_seen() -> None:
+    full = three_changes()
+    history = kept_history(
+        GenerationLog(full.initial_count, full.generations[:2]), compact(full, 3)
+    )
+    assert history.kept_logs[TOPIC].missing() == [2]
+    with pytest.raises(ValueError, match=r"\[2\]"):
+        history.kept_logs[TOPIC].full()
+    result = check_generation_log(history, folded_snapshot(full, compact(full, 3), [30, 9, 4]))
+    (violation,) = result.violations
+    assert "never saw generations [2]" in violation
+
+
+def test_generation_log_check_passes_a_fold_of_what_is_gone() -> None:
+    full = three_changes()
+    history = kept_history(full, compact(full, 2))
+    result = check_generation_log(history, folded_snapshot(full, compact(full, 2), [20, 5, 0]))
+    assert result.passed, result.violations
+
+
+def test_generation_log_check_finds_a_fold_while_records_remain() -> None:
+    full = three_changes()
+    history = kept_history(full, compact(full, 2))
+    result = check_generation_log(history, folded_snapshot(full, compact(full, 2), [20, 4, 0]))
+    (violation,) = result.violations
+    assert "generation 2 became the first while records routed before it remain" in violation
+    assert "1: boundary 5 > log start 4" in violation
+
+
+def test_generation_log_check_finds_a_changed_generation_or_lost_waits() -> None:
+    full = three_changes()
+    other = GenerationLog(full.initial_count, (*full.generations[:3],)).append(
+        Generation(3, 2, (Boundary(31), Boundary(9), Boundary(4)))
+    )
+    history = kept_history(full, other)
+    assert "generation 3 read as" in history.kept_logs[TOPIC].disagreements[0]
+    no_waits = GenerationLog(full.initial_count, compact(full, 2).generations)
+    result = check_generation_log(kept_history(full), folded_snapshot(full, no_waits, [30, 9, 4]))
+    (violation,) = result.violations
+    assert "is not the full log folded there" in violation

@@ -21,10 +21,14 @@ of evidence. A check passes when it has no violation.
    was routed with (a zombie's late write lies in a newer one), every keyed record is
    where linear hashing put it, no acknowledgement names a generation older than the
    one its offset lies in, and no acknowledged record is missing.
-6. ``compaction``: on the compacted topic, after compaction, a key's superseded value
+6. ``log``: the sidecars' generation log at the end is the full log (every generation
+   the harness saw) folded at its first generation, and folded only where every
+   boundary of that generation lies at or below its partition's log start. The other
+   checks use the full log, and the records the harness deleted (``trim_every_s``).
+7. ``compaction``: on the compacted topic, after compaction, a key's superseded value
    is readable outside the key's newest partition only where the consumer gate orders
    it before the newer value, and always with a relocation tombstone after it.
-7. ``changes``: no change lock outlives any change (a leaked lock), and after the
+8. ``changes``: no change lock outlives any change (a leaked lock), and after the
    faults one more change of every topic is done.
 """
 
@@ -44,6 +48,7 @@ from ordered_dev.harness.chaos.history import (
     History,
     RecordId,
 )
+from sidecar.core.compaction import compact
 from sidecar.core.generations import GenerationLog, PartitionMode
 from sidecar.core.placement import RELOCATION_HEADER, record_stamp
 from sidecar.core.routing import partition_for_key
@@ -79,6 +84,11 @@ class TopicSnapshot:
     cleaned_up_to: dict[int, int] = field(default_factory=dict)
     """Compacted topic: per partition, the offset the log cleaner has cleaned up to
     (the smallest over the replicas)."""
+    stored_log: GenerationLog | None = None
+    """The log the sidecars keep at the end, folded if compaction folded it; ``log`` is
+    the full one (``KeptLog``), and ``records`` include what the harness deleted."""
+    fold_notes: list[str] = field(default_factory=list)
+    """How far the log could have been folded at the end, and what stopped it."""
 
     def mode(self, partition: int) -> PartitionMode:
         if partition < len(self.modes):
@@ -655,7 +665,67 @@ def check_barrier(history: History, snapshots: Sequence[TopicSnapshot]) -> Check
     return result
 
 
-# 6. Compaction ---------------------------------------------------------------------------
+# 6. The generation log: compaction folds only what is gone, and keeps the rest -----------
+
+
+def check_generation_log(history: History, snapshot: TopicSnapshot) -> CheckResult:
+    """The sidecars' log at the end is the full log folded at its first generation (the
+    same kept generations, the waits ``compact`` derives), folded only where every
+    boundary of its first generation lies at or below the partition's log start, and
+    the harness saw every generation (else the other checks ran on a partial log)."""
+    topic = snapshot.name
+    result = CheckResult(
+        f"log:{topic}",
+        f"Generation log of {topic}: compaction folded only generations whose records are "
+        "gone, and kept every decision",
+    )
+    kept = history.kept_logs.get(topic)
+    stored = snapshot.stored_log
+    if kept is None or stored is None:
+        result.notes.append("the run kept no generation log for this topic")
+        return result
+    trims = [t for t in history.trims if t.topic == topic]
+    result.facts += [
+        ("generations committed (seen by the harness)", f"{len(kept.generations):,}"),
+        (
+            "sidecars' log at the end: first generation, length",
+            f"{stored.first_number}, {len(stored.generations)}",
+        ),
+        ("longest log a description showed", f"{kept.longest}"),
+        ("trims (records read, then deleted)", f"{len(trims)} ({sum(t.records for t in trims):,})"),
+        ("trims failed", f"{history.trims_failed}"),
+    ]
+    result.notes += snapshot.fold_notes
+    result.violations += kept.disagreements
+    missing = kept.missing()
+    if missing:
+        result.violations.append(
+            f"the harness never saw generations {missing[:10]}: the other checks used the "
+            "sidecars' log, which lacks what compaction folded"
+        )
+        return result
+    full = snapshot.log
+    if compact(full, stored.first_number) != stored:
+        result.violations.append(
+            f"the sidecars' log from generation {stored.first_number} is not the full log "
+            "folded there (kept generations or folded waits differ)"
+        )
+    if stored.first_number > 0:
+        base = full[stored.first_number]
+        early = [
+            f"{p}: boundary {b.offset} > log start {snapshot.log_start.get(p, 0)}"
+            for p, b in enumerate(base.boundaries)
+            if b.offset > snapshot.log_start.get(p, 0)
+        ]
+        if early:
+            result.violations.append(
+                f"generation {stored.first_number} became the first while records routed "
+                f"before it remain: {'; '.join(early[:6])}"
+            )
+    return result
+
+
+# 7. Compaction ---------------------------------------------------------------------------
 
 
 def check_compaction(snapshot: TopicSnapshot) -> CheckResult:
@@ -740,7 +810,7 @@ def check_compaction(snapshot: TopicSnapshot) -> CheckResult:
     return result
 
 
-# 7. Changes and locks --------------------------------------------------------------------
+# 8. Changes and locks --------------------------------------------------------------------
 
 
 def check_changes(history: History, lock_leak_s: float) -> CheckResult:
@@ -814,6 +884,7 @@ def run_checks(
         check_stale(history, snapshots),
         check_barrier(history, snapshots),
     ]
+    results += [check_generation_log(history, s) for s in snapshots]
     results += [check_compaction(s) for s in snapshots if s.compacted]
     results.append(check_changes(history, lock_leak_s))
     return results

@@ -18,6 +18,8 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from sidecar.core.generations import Generation, GenerationLog
+
 RecordId = tuple[int, str, int]
 """(producer, key, sequence) of one produced record."""
 
@@ -117,6 +119,69 @@ class LockSighting:
 
 
 @dataclass
+class KeptLog:
+    """Every generation of one topic the harness saw in the sidecars' descriptions.
+
+    Compaction folds old generations out of the sidecars' log once their records are
+    gone, but the checks still need them: for the records the harness read before it
+    deleted them, and for the deliveries and hand-offs of before the fold. A generation
+    is immutable once committed, so the union of what was seen is the full log, if no
+    generation was committed and folded between two looks (``full`` says so)."""
+
+    initial_count: int
+    generations: dict[int, Generation] = field(default_factory=dict)
+    disagreements: list[str] = field(default_factory=list)
+    """Generations seen with other contents than before (the same number, changed)."""
+    sightings: int = 0
+    longest: int = 0
+    """The most generations a description showed at once."""
+    first_kept: int = 0
+    """The sidecars' first generation in the latest description (0 until a fold)."""
+
+    def add(self, log: GenerationLog, at: float) -> None:
+        self.sightings += 1
+        self.longest = max(self.longest, len(log.generations))
+        self.first_kept = max(self.first_kept, log.first_number)
+        for generation in log.generations:
+            held = self.generations.setdefault(generation.number, generation)
+            if held != generation:
+                self.disagreements.append(
+                    f"at {at:.1f} s generation {generation.number} read as {generation}, "
+                    f"before as {held}"
+                )
+
+    def missing(self) -> list[int]:
+        """Generation numbers below the newest seen that were never seen."""
+        newest = max(self.generations, default=-1)
+        return [n for n in range(newest + 1) if n not in self.generations]
+
+    def full(self) -> GenerationLog:
+        """The log from generation 0, as if nothing had been folded. Raises ValueError
+        if a generation is missing."""
+        missing = self.missing()
+        if missing:
+            raise ValueError(f"generations never seen: {missing[:10]}")
+        ordered = [self.generations[n] for n in sorted(self.generations)]
+        log = GenerationLog.start(self.initial_count, ordered[0].boundaries)
+        for generation in ordered[1:]:
+            log = log.append(generation)
+        return log
+
+
+@dataclass(frozen=True, slots=True)
+class Trim:
+    """Records the harness deleted below what every group committed (as retention
+    would), after reading them for the checks."""
+
+    at: float
+    topic: str
+    before: dict[int, int]
+    """Per partition, the new log start asked for."""
+    records: int
+    """How many records (read_committed) the harness read and then deleted."""
+
+
+@dataclass
 class History:
     began: float = field(default_factory=time.monotonic)
     acked: dict[RecordId, Acked] = field(default_factory=dict)
@@ -144,6 +209,10 @@ class History:
     """(group, topic, partition) -> (order, at, offset) each time a sample of the group's
     committed offsets (about once a second) found it changed."""
     commit_samples_failed: int = 0
+    kept_logs: dict[str, KeptLog] = field(default_factory=dict)
+    """Topic -> every generation seen (``KeptLog``)."""
+    trims: list[Trim] = field(default_factory=list)
+    trims_failed: int = 0
     notes: list[str] = field(default_factory=list)
     _order: itertools.count[int] = field(default_factory=itertools.count)
     _incarnations: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -240,6 +309,14 @@ class History:
         samples = self.commits[(group, topic, partition)]
         if not samples or samples[-1][2] != offset:
             samples.append((self.next_order(), self.now(), offset))
+
+    def latest_commits(self, group: str, topic: str) -> dict[int, int]:
+        """Per partition of ``topic``, the offset ``group`` committed when last sampled."""
+        return {
+            partition: samples[-1][2]
+            for (g, t, partition), samples in self.commits.items()
+            if g == group and t == topic and samples
+        }
 
     def excuse(self, records: set[RecordId]) -> None:
         """``records`` were compacted away: nobody has to receive them any more."""

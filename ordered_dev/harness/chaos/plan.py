@@ -88,6 +88,14 @@ class ChaosConfig:
     hold_timeout_s: float = 30.0
     transaction_lanes: int | None = None
     """``kafka.transaction_lanes`` of every sidecar; None: the sidecar's default."""
+    compaction_interval_s: float | None = None
+    """``changes.compaction_interval_s`` of every sidecar; None: the sidecar's default."""
+    trim_every_s: float = 0.0
+    """How often the harness deletes the delete topic's records below what both groups
+    committed (DeleteRecords, as retention would, after reading them for the checks), so
+    that compaction finds generations to fold; 0: never."""
+    look_every_s: float = 1.0
+    """How often the harness reads each topic's generation log (``KeptLog``)."""
     # The checks.
     liveness_bound_s: float = 30.0
     """Every acknowledged record reaches every group this long after the last fault."""

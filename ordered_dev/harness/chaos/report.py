@@ -64,6 +64,15 @@ def render(outcome: ChaosOutcome) -> list[str]:
         f"({_range(config.zookeeper_pause_s)}), broker SIGKILL (down "
         f"{_range(config.broker_down_s)}), callback endpoints answering 503 "
         f"({_range(config.callback_refusal_s)}).",
+        *(
+            [
+                f"- retention: every {config.trim_every_s:g} s (±20 %) the harness deletes "
+                f"`{outcome.topics[0]}`'s records below what both groups committed, after "
+                "reading them for the checks."
+            ]
+            if config.trim_every_s > 0
+            else []
+        ),
         f"- load phase {outcome.load_s:.0f} s; whole run {outcome.elapsed_s:.0f} s.",
         *(
             f"- group `{group}`: {done:,} rebalances of its instances (partitions assigned, "

@@ -44,7 +44,7 @@ import signal
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from prometheus_client.parser import text_string_to_metric_families
@@ -75,7 +75,9 @@ from ordered_dev.harness.chaos.history import (
     FaultRecord,
     History,
     Incarnation,
+    KeptLog,
     LockSighting,
+    Trim,
 )
 from ordered_dev.harness.chaos.plan import ChangeVia, ChaosConfig, FaultKind, Plan, PlannedFault
 from ordered_dev.harness.sidecars import (
@@ -87,7 +89,9 @@ from ordered_dev.harness.sidecars import (
     stop_process,
 )
 from sidecar.config import KafkaSettings, Settings
-from sidecar.core.generations import PartitionMode
+from sidecar.core.compaction import GroupHandoff, foldable_count
+from sidecar.core.generations import GenerationLog, PartitionMode
+from sidecar.core.handoff import revocation_points
 from sidecar.core.placement import routed_generation
 
 CONSUMER_JSON = "application/vnd.kafka.v2+json"
@@ -252,6 +256,12 @@ class ChaosRun:
         self._rebalance_samples: dict[tuple[str, str, str], int] = {}
         """(sidecar id, counter, group) -> the counter's last scraped value."""
         self.generation_seen = {topic: 0 for topic in self.topics}
+        for topic in self.topics:
+            self.history.kept_logs[topic] = KeptLog(config.initial_count)
+        self.trimmed: dict[str, list[StoredRecord]] = {topic: [] for topic in self.topics}
+        """Records the harness read and then deleted (``_trim_loop``), for the checks."""
+        self.trimmed_to: dict[int, int] = {}
+        """Per partition of the delete topic, where the last trim left its log start."""
         self.stop_producing = asyncio.Event()
         self.stop_consuming = asyncio.Event()
         self.load_over = asyncio.Event()
@@ -271,7 +281,7 @@ class ChaosRun:
 
     def _settings(self, name: str) -> Settings:
         config = self.config
-        return settings_for(
+        settings = settings_for(
             self.cluster,
             self.root,
             name,
@@ -281,6 +291,10 @@ class ChaosRun:
             request_timeout_ms=config.request_timeout_ms,
             transaction_lanes=config.transaction_lanes,
         )
+        if config.compaction_interval_s is None:
+            return settings
+        changes = replace(settings.changes, compaction_interval_s=config.compaction_interval_s)
+        return replace(settings, changes=changes)
 
     # The run ----------------------------------------------------------------------------
 
@@ -304,7 +318,10 @@ class ChaosRun:
             locks = self._task(self._watch_locks(), "lock sampler")
             commits = self._task(self._watch_commits(), "commit sampler")
             rebalances = self._task(self._watch_rebalances(), "rebalance sampler")
-            tasks = [*consumers, *producers, stale, locks, commits, rebalances]
+            logs = self._task(self._watch_logs(), "log sampler")
+            tasks = [*consumers, *producers, stale, locks, commits, rebalances, logs]
+            if self.config.trim_every_s > 0:
+                tasks.append(self._task(self._trim_loop(), "trimmer"))
             load_began = self.history.now()
             changes = asyncio.create_task(self._change_loop())
             tasks.append(changes)
@@ -329,7 +346,7 @@ class ChaosRun:
             self.stop_consuming.set()
             await asyncio.gather(*consumers)
             snapshots = await self._snapshots()
-            for watcher in (locks, commits, rebalances):
+            for watcher in (locks, commits, rebalances, logs):
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
@@ -386,7 +403,9 @@ class ChaosRun:
             f"zookeeper.session_timeout_s = {c.session_timeout_s:g}, kafka.request_timeout_ms = "
             f"{c.request_timeout_ms}, produce.barrier_timeout_s = {c.barrier_timeout_s:g}, "
             f"produce.hold_timeout_s = {c.hold_timeout_s:g}, kafka.transaction_lanes = "
-            f"{c.transaction_lanes or KafkaSettings().transaction_lanes}"
+            f"{c.transaction_lanes or KafkaSettings().transaction_lanes}, "
+            "changes.compaction_interval_s = "
+            f"{self._settings('note').changes.compaction_interval_s:g}"
         )
 
     async def _undo_faults(self) -> None:
@@ -875,6 +894,7 @@ class ChaosRun:
             with contextlib.suppress(ConnectionLost, TimeoutError, KeyError):
                 status, body = await _bounded(_admin(client, "GET", f"/admin/topics/{topic}"), 10.0)
                 if status == 200:
+                    self._keep_log(topic, body)
                     self.counts[topic] = int(body["undeleted_count"])
                     return self.counts[topic]
         return None
@@ -1078,6 +1098,79 @@ class ChaosRun:
         record = state.processes["zookeeper"]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(record.pid, sig)
+
+    # Generation logs and retention ------------------------------------------------------------
+
+    def _keep_log(self, topic: str, description: dict[str, Any]) -> None:
+        self.history.kept_logs[topic].add(log_of_description(description), self.history.now())
+
+    async def _watch_logs(self) -> None:
+        """Read each topic's generation log from a running sidecar every
+        ``look_every_s``, so that ``KeptLog`` has every generation before compaction
+        folds it (besides the reads around each change)."""
+        while True:
+            for topic in self.topics:
+                for slot in self.slots:
+                    if not slot.running or slot.process is None:
+                        continue
+                    with contextlib.suppress(ConnectionLost, TimeoutError, KeyError):
+                        status, body = await _bounded(
+                            _admin(slot.process, "GET", f"/admin/topics/{topic}"), 3.0
+                        )
+                        if status == 200:
+                            self._keep_log(topic, body)
+                            break
+            await asyncio.sleep(self.config.look_every_s)
+
+    async def _trim_loop(self) -> None:
+        """Retention of the delete topic, as an operator's would be, but only below what
+        both groups committed (so nothing acknowledged is removed before both groups
+        had it): every ``trim_every_s``, read the records about to go (the barrier check
+        still checks them) and DeleteRecords below the groups' smallest commit."""
+        topic = self.topics[0]
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.cluster.kafka_bootstrap, request_timeout_ms=5000
+        )
+        await admin.start()
+        try:
+            while True:
+                await asyncio.sleep(self.config.trim_every_s * self._rng.uniform(0.8, 1.2))
+                try:
+                    await asyncio.wait_for(self._trim(admin, topic), 60.0)
+                except Exception as exc:
+                    self.history.trims_failed += 1
+                    self.say(f"trimming {topic} failed: {exc!r}")
+        finally:
+            await admin.close()
+
+    async def _trim(self, admin: AIOKafkaAdminClient, topic: str) -> None:
+        lowest: dict[int, int] | None = None
+        for group in self.groups:
+            offsets = await admin.list_consumer_group_offsets(group.name)
+            mine = {
+                tp.partition: meta.offset
+                for tp, meta in offsets.items()
+                if tp.topic == topic and meta.offset >= 0
+            }
+            lowest = (
+                mine
+                if lowest is None
+                else {p: min(o, mine[p]) for p, o in lowest.items() if p in mine}
+            )
+        before = {
+            p: offset for p, offset in (lowest or {}).items() if offset > self.trimmed_to.get(p, 0)
+        }
+        if not before:
+            return
+        since = {p: self.trimmed_to.get(p, 0) for p in before}
+        records = await _read_range(self.cluster.kafka_bootstrap, topic, since, before)
+        self.trimmed[topic].extend(records)
+        request = {TopicPartition(topic, p): RecordsToDelete(o) for p, o in before.items()}
+        low = await admin.delete_records(request)
+        for tp, start in low.items():
+            self.trimmed_to[tp.partition] = max(self.trimmed_to.get(tp.partition, 0), int(start))
+        self.history.trims.append(Trim(self.history.now(), topic, before, len(records)))
+        self.say(f"trimmed {_short(topic)}: {len(records)} records read, then deleted")
 
     # Lock sampling ----------------------------------------------------------------------------
 
@@ -1359,7 +1452,8 @@ class ChaosRun:
         snapshots = []
         for topic, description in descriptions.items():
             config = description["config"]
-            log = log_of_description(description)
+            self._keep_log(topic, description)
+            stored_log = log_of_description(description)
             modes = tuple(PartitionMode(p["mode"]) for p in description["partitions"])
             starts, ends, records = await _read_committed(
                 self.cluster.kafka_bootstrap,
@@ -1367,13 +1461,74 @@ class ChaosRun:
                 int(description["physical_count"]),
                 self._acked_ends(topic),
             )
+            read = {(r.partition, r.offset) for r in records}
+            trimmed = [r for r in self.trimmed[topic] if (r.partition, r.offset) not in read]
+            kept = self.history.kept_logs[topic]
+            try:
+                log = kept.full()
+            except ValueError:
+                log = stored_log  # check_generation_log says why
             snapshot = TopicSnapshot(
-                topic, bool(config["compacted"]), log, modes, starts, ends, records
+                topic,
+                bool(config["compacted"]),
+                log,
+                modes,
+                starts,
+                ends,
+                sorted(trimmed + records, key=lambda r: (r.partition, r.offset)),
+                stored_log=stored_log,
             )
             if snapshot.compacted:
                 snapshot.cleaned_up_to = self._cleaned_up_to(topic)
+            if log is not stored_log:
+                snapshot.fold_notes = await self._fold_evidence(topic, log, starts)
             snapshots.append(snapshot)
         return snapshots
+
+    async def _fold_evidence(
+        self, topic: str, log: GenerationLog, starts: dict[int, int]
+    ) -> list[str]:
+        """How far the log could be folded at the end, by the log starts alone and with
+        what the groups owe (``foldable_count``), and the revocations that stop it."""
+        groups: dict[str, GroupHandoff] = {}
+        zookeeper = KazooClient(hosts=self.cluster.zookeeper_hosts)
+        try:
+            await asyncio.to_thread(zookeeper.start, 10)
+            for group in self.groups:
+                committed = self.history.latest_commits(group.name, topic)
+                names = await asyncio.to_thread(
+                    zookeeper.get_children, f"{self.root}/groups/{group.name}/revoked"
+                )
+                acknowledged = {
+                    (int(q), int(g))
+                    for t, q, g in (name.rsplit(":", 2) for name in names)
+                    if t == topic
+                }
+                groups[group.name] = GroupHandoff(committed, frozenset(acknowledged))
+        except Exception as exc:
+            return [f"fold evidence unreadable: {exc!r}"]
+        finally:
+            await asyncio.to_thread(_stop_kazoo, zookeeper)
+        by_starts = foldable_count(log, starts, groups=())
+        with_groups = foldable_count(log, starts, groups=groups.values())
+        notes = [
+            f"foldable at the end: to generation {by_starts} by the log starts alone, to "
+            f"{with_groups} with what the groups owe"
+        ]
+        if with_groups < by_starts:
+            blocked = with_groups + 1
+            owing = [
+                f"{name} owes keys_revoked({q}, {blocked}) (committed {handoff.committed[q]})"
+                for name, handoff in groups.items()
+                for q in range(log[blocked].physical_count)
+                if q in handoff.committed
+                and (q, blocked) not in handoff.acknowledged
+                and any(
+                    r.generation == blocked and r.boundary > 0 for r in revocation_points(log, q)
+                )
+            ]
+            notes += owing[:8]
+        return notes
 
     def _acked_ends(self, topic: str) -> dict[int, int]:
         """Per partition of ``topic``, one past the highest acknowledged offset."""
@@ -1564,6 +1719,25 @@ async def _read_committed(
 async def _read_once(
     bootstrap: str, topic: str, partitions: int
 ) -> tuple[dict[int, int], dict[int, int], list[StoredRecord]]:
+    return await _read(bootstrap, topic, range(partitions))
+
+
+async def _read_range(
+    bootstrap: str, topic: str, since: dict[int, int], before: dict[int, int]
+) -> list[StoredRecord]:
+    """The records of each partition ``p`` of ``before`` from ``since[p]`` (or its log
+    start, if that is higher) up to ``before[p]``, read with ``read_committed``."""
+    _, _, records = await _read(bootstrap, topic, sorted(before), since, before)
+    return records
+
+
+async def _read(
+    bootstrap: str,
+    topic: str,
+    partitions: Iterable[int],
+    since: dict[int, int] | None = None,
+    before: dict[int, int] | None = None,
+) -> tuple[dict[int, int], dict[int, int], list[StoredRecord]]:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -1572,11 +1746,15 @@ async def _read_once(
     )
     await consumer.start()
     try:
-        assigned = [TopicPartition(topic, p) for p in range(partitions)]
+        assigned = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(assigned)
         starts = await consumer.beginning_offsets(assigned)
         ends = await consumer.end_offsets(assigned)
         for tp in assigned:
+            if since is not None:
+                starts[tp] = max(starts[tp], since.get(tp.partition, 0))
+            if before is not None:
+                ends[tp] = min(ends[tp], before[tp.partition])
             consumer.seek(tp, starts[tp])
         records: list[StoredRecord] = []
         remaining = {tp for tp in assigned if ends[tp] > starts[tp]}
