@@ -103,14 +103,14 @@ class ChangeSettings:
     """How long an expansion may spend, before its barrier holds any produce, giving
     each partition it adds a first replicated write (aborted: nobody reads it), which
     otherwise the first produces after the commit wait for. 0 skips it."""
-    compaction_interval_s: float = 0.0
+    compaction_interval_s: float = 300.0
     """How often a sidecar tries to compact each managed topic's generation log: fold
     the generations whose records retention or DeleteRecords removed from every
     partition (docs/compaction.md). Every sidecar tries, with jitter; the topic lock
-    makes one of them do it. 0: never, the default for now: set it (300 is a fair
-    value) once every sidecar of the fleet reads a compacted log; it becomes the
-    default once long chaos runs have compacted under faults. The admin route and
-    ``sidecar topics compact`` compact on demand whatever it is."""
+    makes one of them do it, and only when something can be folded. 0: never; set 0
+    while a fleet is upgraded from a version that cannot read a compacted log (README,
+    "Upgrading"). The admin route and ``sidecar topics compact`` compact on demand
+    whatever it is."""
     compaction_batch: int = 1000
     """The most generations one ZooKeeper multi-op folds (each deleted generation node
     adds about 70 bytes to a request ZooKeeper caps at ``jute.maxbuffer``, 1 MiB by
