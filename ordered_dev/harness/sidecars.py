@@ -175,22 +175,34 @@ class SidecarProcess(SidecarClient):
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:
-    """``settings`` as the ``ORDERED_SIDECAR__*`` variables ``sidecar serve`` reads
-    (the sections the harness sets; the others keep what the environment says)."""
+    """``settings`` as the ``ORDERED_SIDECAR__*`` variables ``sidecar serve`` reads.
+
+    Every field of the sections ``settings_for`` fills in; of ``changes`` and
+    ``consumer`` only the fields given another value than the default, so that one set
+    in the environment (``ORDERED_SIDECAR__CHANGES__COMPACTION_INTERVAL_S=15`` for a
+    whole bench run) still reaches the process where the test does not set it. The
+    other sections keep what the environment says."""
     env: dict[str, str] = {}
-    for section in ("kafka", "zookeeper", "http", "produce", "changes", "consumer", "faults"):
+    for section in ("kafka", "zookeeper", "http", "produce", "faults"):
         env |= _section_environment(
             f"ORDERED_SIDECAR__{section.upper()}", getattr(settings, section)
+        )
+    for section in ("changes", "consumer"):
+        values = getattr(settings, section)
+        env |= _section_environment(
+            f"ORDERED_SIDECAR__{section.upper()}", values, unless_equal=type(values)()
         )
     env["ORDERED_SIDECAR__SIDECAR_ID"] = settings.sidecar_id
     return env
 
 
-def _section_environment(prefix: str, values: Any) -> dict[str, str]:
+def _section_environment(prefix: str, values: Any, unless_equal: Any = None) -> dict[str, str]:
     env: dict[str, str] = {}
     for name in values.__dataclass_fields__:
         value = getattr(values, name)
         if name == "client":
+            continue
+        if unless_equal is not None and value == getattr(unless_equal, name):
             continue
         if dataclasses.is_dataclass(value):  # kafka.security, zookeeper.security
             env |= _section_environment(f"{prefix}__{name.upper()}", value)

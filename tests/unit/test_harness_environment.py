@@ -31,3 +31,15 @@ def test_the_sections_the_harness_sets_reach_the_process() -> None:
             )
         assert theirs == mine, section
     assert loaded.sidecar_id == settings.sidecar_id
+
+
+def test_a_default_left_alone_can_come_from_the_environment() -> None:
+    settings = dataclasses.replace(
+        settings_for(CLUSTER, "/root", "env"), changes=ChangeSettings(warm_within_s=0.5)
+    )
+    environment = settings_environment(settings)
+    assert environment["ORDERED_SIDECAR__CHANGES__WARM_WITHIN_S"] == "0.5"
+    assert "ORDERED_SIDECAR__CHANGES__COMPACTION_INTERVAL_S" not in environment
+    outside = {"ORDERED_SIDECAR__CHANGES__COMPACTION_INTERVAL_S": "15"}
+    loaded = load_settings(environ=outside | environment)
+    assert loaded.changes == ChangeSettings(warm_within_s=0.5, compaction_interval_s=15.0)
