@@ -692,8 +692,10 @@ def check_generation_log(history: History, snapshot: TopicSnapshot) -> CheckResu
             f"{stored.first_number}, {len(stored.generations)}",
         ),
         ("longest log a description showed", f"{kept.longest}"),
-        ("trims (records read, then deleted)", f"{len(trims)} ({sum(t.records for t in trims):,})"),
-        ("trims failed", f"{history.trims_failed}"),
+        (
+            "trims (records read, then deleted), failed",
+            f"{len(trims)} ({sum(t.records for t in trims):,}), {history.trims_failed[topic]}",
+        ),
     ]
     result.notes += snapshot.fold_notes
     result.violations += kept.disagreements

@@ -212,7 +212,8 @@ class History:
     kept_logs: dict[str, KeptLog] = field(default_factory=dict)
     """Topic -> every generation seen (``KeptLog``)."""
     trims: list[Trim] = field(default_factory=list)
-    trims_failed: int = 0
+    trims_failed: Counter[str] = field(default_factory=Counter)
+    """Per topic, trims that failed (a broker or the cluster away): tried again later."""
     notes: list[str] = field(default_factory=list)
     _order: itertools.count[int] = field(default_factory=itertools.count)
     _incarnations: itertools.count[int] = field(default_factory=lambda: itertools.count(1))

@@ -1138,7 +1138,7 @@ class ChaosRun:
                 try:
                     await asyncio.wait_for(self._trim(admin, topic), 60.0)
                 except Exception as exc:
-                    self.history.trims_failed += 1
+                    self.history.trims_failed[topic] += 1
                     self.say(f"trimming {topic} failed: {exc!r}")
         finally:
             await admin.close()
