@@ -20,6 +20,10 @@ from sidecar.core.placement import WARM_HEADER
 _log = logging.getLogger(__name__)
 
 WARM_MARK: tuple[str, bytes] = (WARM_HEADER, b"1")
+WARM_KEY = b""
+"""The warm-up record's key: a compacted topic refuses a record without one (Kafka
+answers CorruptRecordException, which aiokafka reports as UnknownError), and an empty
+key is a key."""
 
 
 class PartitionWarmer:
@@ -31,8 +35,9 @@ class PartitionWarmer:
     (bench/README.md). Without this, the first requests after an expansion's commit paid
     it, on top of the barrier's hold. The records are aborted, so no consumer the
     sidecar runs (all read committed) nor any other read-committed reader ever sees
-    them; a read-uncommitted reader sees an empty record with the ``ordered.warm``
-    header. They sit below the new partitions' first boundaries, where nothing is gated.
+    them; a read-uncommitted reader sees a record with an empty key and value and the
+    ``ordered.warm`` header. They sit below the new partitions' first boundaries, where
+    nothing is gated.
 
     Best effort: a warm-up that fails or outlasts ``within_s`` is logged and the change
     goes on (its first writes then wait as before). One transaction at a time, under a
@@ -82,7 +87,9 @@ class PartitionWarmer:
         )
         await producer.begin_transaction()
         deliveries = [
-            await producer.send(topic, value=b"", partition=partition, headers=[WARM_MARK])
+            await producer.send(
+                topic, key=WARM_KEY, value=b"", partition=partition, headers=[WARM_MARK]
+            )
             for partition in partitions
         ]
         failure = next(

@@ -358,10 +358,16 @@ class ChangeRunner:
         then delete what the warm-up left, once its abort marker is written: the
         partitions are then as empty as before (retirement removes an empty partition at
         once) and their first boundary lies past it. Best effort, for at most
-        ``changes.warm_within_s`` for the write and as long again for the clean-up."""
+        ``changes.warm_within_s`` for the write and as long again for the clean-up.
+
+        Kafka refuses DeleteRecords in a topic with ``cleanup.policy=compact``: there
+        the aborted write and its marker stay below the first boundary (no read-committed
+        reader sees them, and the log cleaner drops an aborted transaction's records)."""
         if self.warmer is None or not await self.warmer.warm(topic, range(before, count)):
             return
         try:
+            if (await self.store.read_topic(topic)).config.compacted:
+                return
             async with asyncio.timeout(self.settings.warm_within_s):
                 # The aborted transaction began at offset 0: a stable offset past it means
                 # its marker is written.

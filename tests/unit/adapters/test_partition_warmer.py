@@ -28,8 +28,16 @@ class _WarmProducer:
         self.calls.append("begin")
 
     async def send(
-        self, topic: str, *, value: bytes, partition: int, headers: list[tuple[str, bytes]]
+        self,
+        topic: str,
+        *,
+        key: bytes | None = None,
+        value: bytes,
+        partition: int,
+        headers: list[tuple[str, bytes]],
     ) -> asyncio.Future[None]:
+        # A compacted topic refuses a record without a key: every warm-up has one.
+        assert key is not None
         self.calls.append(("send", topic, partition, headers))
         delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.fail_partition == partition:
