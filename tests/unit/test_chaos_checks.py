@@ -124,16 +124,25 @@ def expanded_log() -> GenerationLog:
     return log.append(log.next_generation(2, [Boundary(10), Boundary(0)]))
 
 
-def snapshot(log: GenerationLog, records: list[StoredRecord] | None = None) -> TopicSnapshot:
+def snapshot(
+    log: GenerationLog,
+    records: list[StoredRecord] | None = None,
+    *,
+    starts: list[int] | None = None,
+    stored_log: GenerationLog | None = None,
+) -> TopicSnapshot:
+    """The topic at the end: ``log`` the full log, ``stored_log`` the sidecars' (folded)
+    one, ``starts`` the log start offsets (0 everywhere by default)."""
     partitions = log.current.physical_count
     return TopicSnapshot(
         TOPIC,
         False,
         log,
         (PartitionMode.READ_WRITE,) * partitions,
-        dict.fromkeys(range(partitions), 0),
+        dict(enumerate(starts or [0] * partitions)),
         {},
         records or [],
+        stored_log=stored_log,
     )
 
 
@@ -512,20 +521,6 @@ def three_changes() -> GenerationLog:
     return log.append(log.next_generation(2, [Boundary(30), Boundary(9), Boundary(4)]))
 
 
-def folded_snapshot(full: GenerationLog, stored: GenerationLog, starts: list[int]) -> TopicSnapshot:
-    partitions = full.current.physical_count
-    return TopicSnapshot(
-        TOPIC,
-        False,
-        full,
-        (PartitionMode.READ_WRITE,) * partitions,
-        dict(enumerate(starts)),
-        {},
-        [],
-        stored_log=stored,
-    )
-
-
 def kept_history(*seen: GenerationLog) -> History:
     history = History(groups=(GROUP,))
     kept = history.kept_logs[TOPIC] = KeptLog(seen[0].initial_count)
@@ -551,7 +546,9 @@ def test_kept_log_names_a_generation_folded_before_it_was_seen() -> None:
     assert history.kept_logs[TOPIC].missing() == [2]
     with pytest.raises(ValueError, match=r"\[2\]"):
         history.kept_logs[TOPIC].full()
-    result = check_generation_log(history, folded_snapshot(full, compact(full, 3), [30, 9, 4]))
+    result = check_generation_log(
+        history, snapshot(full, starts=[30, 9, 4], stored_log=compact(full, 3))
+    )
     (violation,) = result.violations
     assert "never saw generations [2]" in violation
 
@@ -559,14 +556,18 @@ def test_kept_log_names_a_generation_folded_before_it_was_seen() -> None:
 def test_generation_log_check_passes_a_fold_of_what_is_gone() -> None:
     full = three_changes()
     history = kept_history(full, compact(full, 2))
-    result = check_generation_log(history, folded_snapshot(full, compact(full, 2), [20, 5, 0]))
+    result = check_generation_log(
+        history, snapshot(full, starts=[20, 5, 0], stored_log=compact(full, 2))
+    )
     assert result.passed, result.violations
 
 
 def test_generation_log_check_finds_a_fold_while_records_remain() -> None:
     full = three_changes()
     history = kept_history(full, compact(full, 2))
-    result = check_generation_log(history, folded_snapshot(full, compact(full, 2), [20, 4, 0]))
+    result = check_generation_log(
+        history, snapshot(full, starts=[20, 4, 0], stored_log=compact(full, 2))
+    )
     (violation,) = result.violations
     assert "generation 2 became the first while records routed before it remain" in violation
     assert "1: boundary 5 > log start 4" in violation
@@ -580,6 +581,8 @@ def test_generation_log_check_finds_a_changed_generation_or_lost_waits() -> None
     history = kept_history(full, other)
     assert "generation 3 read as" in history.kept_logs[TOPIC].disagreements[0]
     no_waits = GenerationLog(full.initial_count, compact(full, 2).generations)
-    result = check_generation_log(kept_history(full), folded_snapshot(full, no_waits, [30, 9, 4]))
+    result = check_generation_log(
+        kept_history(full), snapshot(full, starts=[30, 9, 4], stored_log=no_waits)
+    )
     (violation,) = result.violations
     assert "is not the full log folded there" in violation
