@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import json
 import random
 import time
@@ -80,6 +81,8 @@ class Plan:
     connections: int
     batch: int
     value_bytes: int
+    compacted: bool = False
+    """The topic's ``cleanup.policy``: compact (``--compacted``) or delete."""
 
 
 FULL = Plan(
@@ -275,7 +278,9 @@ async def run_series(
     warm_up: bool,
 ) -> Series:
     series = Series(index, topic)
-    await create_topic(fleet[0], topic, INITIAL_PARTITIONS, replication_factor)
+    await create_topic(
+        fleet[0], topic, INITIAL_PARTITIONS, replication_factor, compacted=plan.compacted
+    )
     stop = asyncio.Event()
     loops = [
         asyncio.create_task(
@@ -508,7 +513,8 @@ def render(results: Sequence[Series], plan: Plan) -> list[str]:
         "",
         f"Load: {SIDECARS} sidecars x {plan.connections} connections, each with one request "
         f"of {plan.batch} keyed records of {plan.value_bytes} B in flight ({in_flight} "
-        f"requests in flight in all); topic of {INITIAL_PARTITIONS} partitions, RF 3, "
+        f"requests in flight in all); {'compacted ' if plan.compacted else ''}topic of "
+        f"{INITIAL_PARTITIONS} partitions, RF 3, "
         f"changes {INITIAL_PARTITIONS} → {' → '.join(str(c) for c in plan.changes)}, "
         f"{plan.gap_s:g} s apart, coordinators rotating; {plan.series} series on fresh topics.",
         "",
@@ -558,15 +564,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--profile", type=Path, help="record every sidecar with py-spy (raw stacks) into DIR"
     )
+    parser.add_argument(
+        "--compacted",
+        action="store_true",
+        help="a compacted topic (cleanup.policy=compact); results/expansion-compacted.md",
+    )
     args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
+    plan = dataclasses.replace(QUICK if args.quick else FULL, compacted=args.compacted)
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     measure_and_write(
-        "expansion",
+        "expansion-compacted" if plan.compacted else "expansion",
         "Expansion under load benchmark",
         lambda log: run(plan, args.profile, log),
         lambda results: render(results, plan),
+        module="bench.expansion",
     )
 
 

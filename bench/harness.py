@@ -55,10 +55,20 @@ async def admin_call(
 
 
 async def create_topic(
-    sidecar: Sidecar, topic: str, partitions: int, replication_factor: int
+    sidecar: Sidecar,
+    topic: str,
+    partitions: int,
+    replication_factor: int,
+    *,
+    compacted: bool = False,
 ) -> None:
     """A managed topic, created through the admin API (ordered delivery on)."""
-    body = {"name": topic, "partitions": partitions, "replication_factor": replication_factor}
+    body = {
+        "name": topic,
+        "partitions": partitions,
+        "replication_factor": replication_factor,
+        "compacted": compacted,
+    }
     status, answer = await admin_call(sidecar, "POST", "/admin/topics", body)
     if status != 201:
         raise RuntimeError(f"creating {topic}: {status} {answer}")
