@@ -350,13 +350,18 @@ class RetirementView:
     """Some known group read the partition and has not acknowledged every keys_revoked
     of it: even empty (truncated earlier, brought back, nothing written since) it stays
     assigned, so its owner can still tell them."""
+    compacted: bool = False
+    """The topic is compacted (``cleanup.policy=compact``): Kafka refuses DeleteRecords,
+    and a key not written since the shrink has its newest value only here, so a drained
+    partition is kept (until ``delete_after``), not truncated."""
 
 
 class RetirementAction(StrEnum):
     KEEP = "keep"
     """Still holds data some group has not consumed."""
     TRUNCATE = "truncate"
-    """Drained by every known group: DeleteRecords up to the log end, then remove."""
+    """Drained by every known group: DeleteRecords up to the log end, then remove (never
+    for a compacted topic)."""
     REMOVE = "remove"
     """Empty, or past its delete-after time: mark removed."""
 
@@ -367,7 +372,7 @@ def retirement_action(view: RetirementView, now: float) -> RetirementAction:
         return RetirementAction.REMOVE
     if view.delete_after is not None and now >= view.delete_after:
         return RetirementAction.REMOVE
-    if view.groups_consumed_to_end:
+    if view.groups_consumed_to_end and not view.compacted:
         return RetirementAction.TRUNCATE
     return RetirementAction.KEEP
 

@@ -102,7 +102,12 @@ class Retirer:
                 for offsets, acked in zip(committed, acknowledged, strict=True)
             )
             view = RetirementView(
-                starts[partition], ends[partition], consumed, delete_after, pending
+                starts[partition],
+                ends[partition],
+                consumed,
+                delete_after,
+                pending,
+                compacted=state.config.compacted,
             )
             decisions[partition] = retirement_action(view, now)
         if all(action is RetirementAction.KEEP for action in decisions.values()):

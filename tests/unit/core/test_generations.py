@@ -242,6 +242,10 @@ def test_modes_after_commit() -> None:
         ),
         (RetirementView(0, 5, False, None), 0.0, RetirementAction.KEEP),
         (RetirementView(0, 5, True, None), 0.0, RetirementAction.TRUNCATE),
+        # Compacted: never truncated (Kafka refuses it), removed empty or at delete_after.
+        (RetirementView(0, 5, True, None, compacted=True), 0.0, RetirementAction.KEEP),
+        (RetirementView(5, 5, True, None, compacted=True), 0.0, RetirementAction.REMOVE),
+        (RetirementView(0, 5, True, 100.0, compacted=True), 100.0, RetirementAction.REMOVE),
         (RetirementView(0, 5, False, 100.0), 99.9, RetirementAction.KEEP),
         (RetirementView(0, 5, False, 100.0), 100.0, RetirementAction.REMOVE),
     ],

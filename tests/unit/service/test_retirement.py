@@ -31,8 +31,11 @@ TOPIC = "orders"
 RW, RO = PartitionMode.READ_WRITE, PartitionMode.READ_ONLY
 
 
-def _state(log: GenerationLog, modes: tuple[PartitionMode, ...]) -> TopicState:
-    return TopicState(TopicConfig(TOPIC, 2, 3), log, modes, (None,) * len(modes))
+def _state(
+    log: GenerationLog, modes: tuple[PartitionMode, ...], *, compacted: bool = False
+) -> TopicState:
+    config = TopicConfig(TOPIC, 2, 3, compacted=compacted)
+    return TopicState(config, log, modes, (None,) * len(modes))
 
 
 def _after(state: TopicState, count: int, ends: list[int]) -> TopicState:
@@ -117,6 +120,17 @@ async def test_a_drained_read_only_partition_is_truncated_and_removed() -> None:
     assert decisions == {2: RetirementAction.TRUNCATE}
     assert kafka.deleted == [{2: 40}]
     assert store.written == [(RW, RW, PartitionMode.REMOVED)]
+
+
+async def test_a_compacted_topic_keeps_a_drained_read_only_partition() -> None:
+    """Kafka refuses DeleteRecords under cleanup.policy=compact: the round used to ask,
+    fail, and defer the topic's housekeeping every round. It keeps the partition now."""
+    shrunk = _shrunk()
+    store = _Store(_state(shrunk.log, shrunk.modes, compacted=True))
+    kafka = _Kafka(ends=[10, 10, 40], committed={0: 10, 1: 10, 2: 40})
+    decisions = await _retirer(store, kafka).retire(TOPIC)
+    assert decisions == {2: RetirementAction.KEEP}
+    assert (kafka.deleted, store.written) == ([], [])
 
 
 async def test_changes_committed_while_the_round_waited_for_the_lock_make_it_decide_again() -> None:
