@@ -1461,8 +1461,8 @@ class ChaosRun:
                 int(description["physical_count"]),
                 self._acked_ends(topic),
             )
-            read = {(r.partition, r.offset) for r in records}
-            trimmed = [r for r in self.trimmed[topic] if (r.partition, r.offset) not in read]
+            # A trim whose deletion failed is read again by the next one: once each.
+            every = {(r.partition, r.offset): r for r in (*self.trimmed[topic], *records)}
             kept = self.history.kept_logs[topic]
             try:
                 log = kept.full()
@@ -1475,7 +1475,7 @@ class ChaosRun:
                 modes,
                 starts,
                 ends,
-                sorted(trimmed + records, key=lambda r: (r.partition, r.offset)),
+                [every[where] for where in sorted(every)],
                 stored_log=stored_log,
             )
             if snapshot.compacted:
