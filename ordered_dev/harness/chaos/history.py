@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from sidecar.core.generations import Generation, GenerationLog
+from sidecar.core.serialization import log_from_generations
 
 RecordId = tuple[int, str, int]
 """(producer, key, sequence) of one produced record."""
@@ -161,11 +162,7 @@ class KeptLog:
         missing = self.missing()
         if missing:
             raise ValueError(f"generations never seen: {missing[:10]}")
-        ordered = [self.generations[n] for n in sorted(self.generations)]
-        log = GenerationLog.start(self.initial_count, ordered[0].boundaries)
-        for generation in ordered[1:]:
-            log = log.append(generation)
-        return log
+        return log_from_generations(self.initial_count, list(self.generations.values()))
 
 
 @dataclass(frozen=True, slots=True)
