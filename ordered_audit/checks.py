@@ -38,22 +38,17 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
-LOST = "lost"
-DUPLICATE = "duplicate"
-NONMONOTONIC = "nonmonotonic"
-WRITTEN_ACROSS_BARRIER = "written_across_barrier"
-GATE_EVIDENCE = "gate_evidence"
-UNAUDITED_DELIVERY = "unaudited_delivery"
-CONSUMER_TRUNCATED = "consumer_truncated"
-KINDS = (
-    LOST,
-    DUPLICATE,
-    NONMONOTONIC,
-    WRITTEN_ACROSS_BARRIER,
-    GATE_EVIDENCE,
-    UNAUDITED_DELIVERY,
-    CONSUMER_TRUNCATED,
-)
+from ordered_audit import kinds
+
+# The kinds, named ``checks.LOST`` and so on by the job and its tests.
+LOST = kinds.LOST
+DUPLICATE = kinds.DUPLICATE
+NONMONOTONIC = kinds.NONMONOTONIC
+WRITTEN_ACROSS_BARRIER = kinds.WRITTEN_ACROSS_BARRIER
+GATE_EVIDENCE = kinds.GATE_EVIDENCE
+UNAUDITED_DELIVERY = kinds.UNAUDITED_DELIVERY
+CONSUMER_TRUNCATED = kinds.CONSUMER_TRUNCATED
+KINDS = kinds.KINDS
 
 # Duplicate details.
 SAME_INSTANCE = "same_instance"
