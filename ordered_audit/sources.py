@@ -179,15 +179,16 @@ def read_kafka_stream(
     settings: dict[str, str],
     options: dict[str, str] | None = None,
 ) -> DataFrame:
-    """The events of the audit topic as a stream (``spark.readStream``), schema 1 only.
+    """The audit topic's records as a stream (``spark.readStream``): the Kafka source's
+    columns, ``value`` one event's JSON. The live audit reads the JSON in the driver
+    (``live_checks.parse_events``), where its checks run.
 
     ``settings`` are the stream's own source settings (``startingOffsets``,
     ``maxOffsetsPerTrigger``); ``options`` as for ``read_kafka``."""
     reader = spark.readStream.format("kafka").options(
         **kafka_source_options(bootstrap, topic, settings, options)
     )
-    known, _ = split_schema_versions(parse_events(reader.load()))
-    return known
+    return reader.load()
 
 
 def read_files(

@@ -1,30 +1,38 @@
 """The live audit: ``sidecar audit stream``.
 
 A Spark Structured Streaming query over the audit topic (Spark's Kafka source, with the
-batch job's source settings and security options) whose micro-batches run the
-incremental checks of ``ordered_audit.incremental`` (``foreachBatch``) and count what
-they find in Prometheus metrics served by the driver itself
-(``ordered_audit.stream_metrics``, ``/metrics`` on 127.0.0.1 by default).
+batch job's source settings and security options). Each micro-batch's record values
+come to the driver in one transfer (``foreachBatch``), where the checks of
+``ordered_audit.live_checks`` run over them and the state they keep in memory; what
+they find is counted in Prometheus metrics served by the driver itself
+(``ordered_audit.stream_metrics``, ``/metrics`` on 127.0.0.1 by default). Spark reads
+the topic, keeps the source offsets of each micro-batch, and runs unchanged on a
+standalone cluster; the checks' state lives in the driver's memory, bounded by the
+horizon (see ``live_checks``).
 
-Under ``--checkpoint``: ``spark/`` is the query's checkpoint (the source offsets of each
-micro-batch) and ``state/<batch id>/`` the checks' state after that batch (Parquet) with
-``meta.json`` (the newest event time through it, from which the next batch's watermark
-follows, and the metrics' totals through it), written last and renamed into place: a
-state directory without it is incomplete and never read. A batch reads the state of the
-highest batch id below its own, so a batch Spark runs again after a restart (the one
-that had not committed) starts from the same state and finds the same anomalies.
+Under ``--checkpoint``: ``spark/`` is the query's checkpoint, and ``state/`` a journal
+of the batches checked: ``<batch id>.values.json`` (the batch's record values) and
+``<batch id>.json`` (the cutoff its events were checked with, the newest event time
+through it and the metrics' totals through it), each written whole and renamed into
+place, the second last: a batch without it is incomplete. Once the journal holds
+``SNAPSHOT_EVENTS`` events (or ``SNAPSHOT_BATCHES`` batches) since the last snapshot,
+``<batch id>.state.pickle`` holds the checks' state after that batch and the journal
+before it is dropped. A process started on the checkpoint rebuilds the state from the
+newest snapshot and the journal after it, checking those batches again with their saved
+cutoffs (the checks are deterministic), so a batch Spark runs again after a restart (the
+one that had not committed) starts from the same state and finds the same anomalies.
 
 Counts after a restart: a process started on the checkpoint starts its counters from
-the totals of the last complete state. Spark then runs again the batch that had not
-committed, over the same offsets: when its state is complete, the killed process had
-checked it and its counts are in those totals, so it is not checked again; when it is
-not, the killed process never counted it, and it is checked and counted now. Either
-way each anomaly is counted once. The checkpoint must be a local directory of the
-driver.
+the totals of the last complete batch. Spark then runs again the batch that had not
+committed, over the same offsets: when its journal entry is complete, the killed
+process had checked it and its counts are in those totals, so it is not checked again;
+when it is not, the killed process never counted it, and it is checked and counted now.
+Either way each anomaly is counted once. The checkpoint must be a local directory of
+the driver, written by nothing else (its snapshots are pickles).
 
 Event time is the events' ``time``. The watermark of a batch is the newest event time
 of the batches before it less ``--lateness``; state older than the watermark less
-``--horizon`` is dropped (see ``ordered_audit.incremental`` for what is kept anyway and
+``--horizon`` is dropped (see ``ordered_audit.live_checks`` for what is kept anyway and
 what that bounds).
 
 pyspark is imported only when the job runs, as in ``ordered_audit.job``.
@@ -33,25 +41,30 @@ pyspark is imported only when the job runs, as in ``ordered_audit.job``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
-import shutil
+import pickle
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from ordered_audit.stream_metrics import StreamMetrics, Totals
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from ordered_audit.live_checks import LiveState
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +80,14 @@ DEFAULT_METRICS_PORT = 9465
 DEFAULT_MAX_TOPIC_LABELS = 50
 # Anomalies of one batch written to the log, with their detail.
 LOGGED_PER_BATCH = 20
-# State directories kept: the last one (the next batch's) and the one before it (the
-# state of a batch Spark may run again after a restart).
-KEPT_STATES = 2
+# Events (or batches) journaled between two snapshots of the checks' state: a restart
+# checks at most this many again, and a snapshot (a pickle of the whole state) is
+# written this seldom.
+SNAPSHOT_EVENTS = 2_000_000
+SNAPSHOT_BATCHES = 300
+_META = ".json"
+_VALUES = ".values.json"
+_SNAPSHOT = ".state.pickle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,99 +113,160 @@ class StreamConfig:
         return settings
 
 
-@dataclass(frozen=True, slots=True)
-class BatchState:
-    tables: dict[str, DataFrame]
-    """The checks' state, by the names of ``incremental.STATE_SCHEMAS``."""
-    newest: float | None
-    """The newest event time of every batch so far."""
-    totals: Totals = field(default_factory=Totals)
-    """The metrics' totals through this batch."""
-
-
 class StateStore:
-    """The checks' state per batch id under ``root`` (see the module's docstring)."""
+    """The checks' state under ``root`` (see the module's docstring): a journal of the
+    batches checked and, now and then, a snapshot of the state after one of them."""
 
-    _META = "meta.json"
-
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, snapshot_events: int = SNAPSHOT_EVENTS) -> None:
         self.root = root
+        self.snapshot_events = snapshot_events
+        self._since_snapshot: tuple[int, int] | None = None
+        """Events and batches journaled since the last snapshot (None: not read yet)."""
 
-    def _complete(self) -> list[int]:
+    def _meta_path(self, batch_id: int) -> Path:
+        return self.root / f"{batch_id}{_META}"
+
+    def _values_path(self, batch_id: int) -> Path:
+        return self.root / f"{batch_id}{_VALUES}"
+
+    def _snapshot_path(self, batch_id: int) -> Path:
+        return self.root / f"{batch_id}{_SNAPSHOT}"
+
+    def _ids(self, suffix: str) -> list[int]:
         if not self.root.is_dir():
             return []
-        ids = (int(p.name) for p in self.root.iterdir() if p.name.isdigit())
-        return sorted(i for i in ids if self.is_complete(i))
+        ids = []
+        for path in self.root.iterdir():
+            stem = path.name.removesuffix(suffix)
+            if stem != path.name and stem.isdigit():
+                ids.append(int(stem))
+        return sorted(ids)
 
     def is_complete(self, batch_id: int) -> bool:
-        """Whether ``batch_id``'s state was saved whole."""
-        return (self.root / str(batch_id) / self._META).is_file()
-
-    def _meta(self, batch_id: int) -> tuple[float | None, Totals]:
-        meta = json.loads((self.root / str(batch_id) / self._META).read_text())
-        # A state of a version without totals: counted from zero (as that version did).
-        totals = Totals.from_json(meta["totals"]) if "totals" in meta else Totals()
-        return meta["newest"], totals
+        """Whether ``batch_id`` was checked and its journal entry saved whole."""
+        return self._meta_path(batch_id).is_file()
 
     def has_state(self) -> bool:
-        return bool(self._complete())
+        return bool(self._ids(_META))
+
+    def _meta(self, batch_id: int) -> dict[str, Any]:
+        meta: dict[str, Any] = json.loads(self._meta_path(batch_id).read_text())
+        return meta
 
     def latest(self) -> tuple[float | None, Totals]:
-        """The newest event time and the totals of the last complete state (none: None
-        and zeros), for a process started again on the checkpoint. No Spark needed."""
-        complete = self._complete()
-        return self._meta(complete[-1]) if complete else (None, Totals())
+        """The newest event time and the totals of the last complete batch (none: None
+        and zeros), for a process started again on the checkpoint."""
+        complete = self._ids(_META)
+        if not complete:
+            return None, Totals()
+        meta = self._meta(complete[-1])
+        return meta["newest"], Totals.from_json(meta["totals"])
 
-    def load(self, spark: SparkSession, batch_id: int) -> BatchState:
-        """The state after the highest complete batch below ``batch_id`` (empty: none)."""
-        from ordered_audit import incremental
+    def restore(self, batch_id: int) -> tuple[LiveState, Totals, int | None]:
+        """The state and totals after the highest complete batch below ``batch_id``, and
+        that batch's id (none: an empty state, zeros and None): its snapshot, or the
+        newest snapshot before it and the journal's batches after that, checked again.
+        """
+        from ordered_audit import live_checks
 
-        schemas = incremental.STATE_SCHEMAS
-        earlier = [i for i in self._complete() if i < batch_id]
-        if not earlier:
-            empty = {name: incremental.empty_state(spark, s) for name, s in schemas.items()}
-            return BatchState(empty, None)
-        directory = self.root / str(earlier[-1])
-        newest, totals = self._meta(earlier[-1])
-        tables = {
-            name: spark.read.schema(schema).parquet(str(directory / name))
-            for name, schema in schemas.items()
+        complete = [i for i in self._ids(_META) if i < batch_id]
+        if not complete:
+            return live_checks.LiveState(), Totals(), None
+        target = complete[-1]
+        snapshots = [i for i in self._ids(_SNAPSHOT) if i <= target]
+        if snapshots:
+            with self._snapshot_path(snapshots[-1]).open("rb") as file:
+                # The checkpoint is the job's own local directory, trusted as its code.
+                state = pickle.load(file)
+            start = snapshots[-1]
+        else:
+            state, start = live_checks.LiveState(), -1
+        for replayed in (i for i in complete if i > start):
+            meta = self._meta(replayed)
+            values = orjson.loads(self._values_path(replayed).read_bytes())
+            events = live_checks.parse_events(values).events
+            live_checks.check_batch(state, events, meta["cutoff"])
+        meta = self._meta(target)
+        return state, Totals.from_json(meta["totals"]), target
+
+    def save(
+        self,
+        batch_id: int,
+        values: Sequence[str | None],
+        events: int,
+        cutoff: float | None,
+        state: LiveState,
+        totals: Totals,
+    ) -> None:
+        """``batch_id``'s journal entry (its record values and the cutoff its ``events``
+        were checked with, written first; then the state's newest time and the totals
+        through it, which mark it complete), and a snapshot of ``state`` once the
+        journal holds ``snapshot_events`` events or ``SNAPSHOT_BATCHES`` batches since
+        the last one."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        _write_atomically(self._values_path(batch_id), orjson.dumps(list(values)))
+        meta = {
+            "cutoff": cutoff,
+            "newest": state.newest,
+            "events": events,
+            "totals": totals.to_json(),
         }
-        return BatchState(tables, newest, totals)
+        _write_atomically(self._meta_path(batch_id), (json.dumps(meta) + "\n").encode())
+        if self._since_snapshot is None:
+            last = self._ids(_SNAPSHOT)
+            since = [i for i in self._ids(_META) if not last or i > last[-1]]
+            self._since_snapshot = (sum(self._meta(i)["events"] for i in since), len(since))
+        else:
+            journaled, batches = self._since_snapshot
+            self._since_snapshot = (journaled + events, batches + 1)
+        journaled, batches = self._since_snapshot
+        if journaled >= self.snapshot_events or batches >= SNAPSHOT_BATCHES:
+            _write_atomically(
+                self._snapshot_path(batch_id), pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+            )
+            self._since_snapshot = (0, 0)
+            self._prune(batch_id)
 
-    def save(self, batch_id: int, state: BatchState) -> None:
-        directory = self.root / str(batch_id)
-        # A batch run again overwrites what its first run left.
-        shutil.rmtree(directory, ignore_errors=True)
-        for name, table in state.tables.items():
-            # Small tables: one file each rather than one per shuffle partition.
-            table.coalesce(1).write.parquet(str(directory / name))
-        meta = {"newest": state.newest, "totals": state.totals.to_json()}
-        # Renamed into place: a process killed while writing leaves no partial meta.json.
-        partial = directory / f"{self._META}.partial"
-        partial.write_text(json.dumps(meta) + "\n")
-        partial.replace(directory / self._META)
+    def _prune(self, snapshot: int) -> None:
+        """Keep the newest snapshot and the journal after it (and that batch's meta, so
+        that Spark may run it again after a restart and find it complete)."""
+        for old in self._ids(_SNAPSHOT):
+            if old < snapshot:
+                self._snapshot_path(old).unlink(missing_ok=True)
+        for old in self._ids(_VALUES):
+            if old <= snapshot:
+                self._values_path(old).unlink(missing_ok=True)
+        for old in self._ids(_META):
+            if old < snapshot:
+                self._meta_path(old).unlink(missing_ok=True)
 
-    def prune(self) -> None:
-        complete = self._complete()
-        for old in complete[:-KEPT_STATES]:
-            shutil.rmtree(self.root / str(old), ignore_errors=True)
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, renamed into place: a process killed while writing leaves
+    only a ``.partial`` file, which nothing reads."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    partial.replace(path)
 
 
 class LiveAudit:
-    """The ``foreachBatch`` function: checks a micro-batch, saves the state, counts."""
+    """The ``foreachBatch`` function: checks a micro-batch, saves the state, counts.
 
-    def __init__(self, spark: SparkSession, config: StreamConfig, metrics: StreamMetrics) -> None:
-        self.spark = spark
+    The batch is the audit topic's records (``value``); their JSON is read here, in
+    the driver, where the checks and their state are."""
+
+    def __init__(
+        self, config: StreamConfig, metrics: StreamMetrics, store: StateStore | None = None
+    ) -> None:
         self.config = config
         self.metrics = metrics
-        self.store = StateStore(config.checkpoint / "state")
+        self.store = store or StateStore(config.checkpoint / "state")
+        self._state: LiveState | None = None
+        self._totals = Totals()
+        self._state_batch: int | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        from pyspark import StorageLevel
         from pyspark.sql import functions as F
-
-        from ordered_audit import checks, incremental
 
         began = time.monotonic()
         if self.store.is_complete(batch_id):
@@ -195,64 +274,71 @@ class LiveAudit:
             # are in the totals the counters started from).
             log.info("audit stream: batch %d was checked before the restart", batch_id)
             return
-        previous = self.store.load(self.spark, batch_id)
-        watermark = None if previous.newest is None else previous.newest - self.config.lateness_s
-        cutoff = None if watermark is None else watermark - self.config.horizon_s
-        # The batch is read by every check and the counts: from memory, not the topic.
-        events = checks.distinct_events(batch).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            late = F.col("time") < F.lit(watermark) if watermark is not None else F.lit(False)
-            stats = events.agg(
-                F.count(F.lit(1)).alias("events"),
-                F.max("time").alias("newest"),
-                F.count(F.when(late, 1)).alias("late"),
-            ).first()
-            if stats is None or not stats["events"]:
-                return
-            count, late_count = int(stats["events"]), int(stats["late"])
-            newest_here: float = stats["newest"]
-            checked = incremental.check_batch(previous.tables, events, cutoff)
-            for frame in checked.shared:
-                frame.persist(StorageLevel.MEMORY_AND_DISK)
-            found = checked.anomalies.persist(StorageLevel.MEMORY_AND_DISK)
-            try:
-                counts = {
-                    (row["kind"], row["topic"]): int(row["count"])
-                    for row in found.groupBy("kind", "topic").count().collect()
-                }
-                totals = previous.totals.plus(self.metrics.labelled(counts), count, late_count)
-                for row in found.orderBy("time").limit(LOGGED_PER_BATCH).collect():
-                    log.warning(
-                        "audit stream: %s in %s (group %s, key %s, partition %s offset %s): %s",
-                        row["kind"],
-                        row["topic"],
-                        row["group"],
-                        row["key"],
-                        row["partition"],
-                        row["offset"],
-                        row["detail"],
-                    )
-                newest = (
-                    newest_here if previous.newest is None else max(previous.newest, newest_here)
-                )
-                self.store.save(batch_id, BatchState(checked.states, newest, totals))
-            finally:
-                found.unpersist()
-                for frame in checked.shared:
-                    frame.unpersist()
-            self.store.prune()
-            self.metrics.record_batch(
-                events=count, late=late_count, newest=newest_here, anomalies=counts
-            )
-            log.info(
-                "audit stream: batch %d, %d events, %d anomalies, %.1f s",
+        # Arrow: the values as one column, not a row object each.
+        column = batch.select(F.col("value").cast("string")).toArrow().column(0)
+        self.check_values(column.to_pylist(), batch_id, began)
+
+    def check_values(self, values: Sequence[str | None], batch_id: int, began: float) -> None:
+        """The checks of one batch's record values; what ``__call__`` does once it has
+        them (a benchmark calls it with values already in memory)."""
+        from ordered_audit import live_checks
+
+        parsed = live_checks.parse_events(values)
+        if parsed.unreadable or parsed.other_schema:
+            log.warning(
+                "audit stream: batch %d: %d values are not audit events, %d events of "
+                "another schema version; left out",
                 batch_id,
-                count,
-                sum(counts.values()),
-                time.monotonic() - began,
+                parsed.unreadable,
+                parsed.other_schema,
             )
-        finally:
-            events.unpersist()
+        events = parsed.events
+        if not events:
+            return
+        if self._state is None or self._state_batch is None or self._state_batch >= batch_id:
+            self._state, self._totals, self._state_batch = self.store.restore(batch_id)
+        state = self._state
+        # Until the batch is saved, the state in memory is ahead of the checkpoint.
+        self._state = None
+        watermark = None if state.newest is None else state.newest - self.config.lateness_s
+        cutoff = None if watermark is None else watermark - self.config.horizon_s
+        late = 0 if watermark is None else sum(1 for e in events if e["time"] < watermark)
+        found = live_checks.check_batch(state, events, cutoff)
+        counts: dict[tuple[str, str | None], int] = {}
+        for anomaly in found:
+            labels = (anomaly["kind"], anomaly["topic"])
+            counts[labels] = counts.get(labels, 0) + 1
+        totals = self._totals.plus(self.metrics.labelled(counts), len(events), late)
+        for anomaly in sorted(found, key=lambda a: a["time"])[:LOGGED_PER_BATCH]:
+            log.warning(
+                "audit stream: %s in %s (group %s, key %s, partition %s offset %s): %s",
+                anomaly["kind"],
+                anomaly["topic"],
+                anomaly["group"],
+                anomaly["key"],
+                anomaly["partition"],
+                anomaly["offset"],
+                anomaly["detail"],
+            )
+        self.store.save(batch_id, values, len(events), cutoff, state, totals)
+        self._state, self._totals, self._state_batch = state, totals, batch_id
+        # The state is millions of small objects without cycles: out of the cyclic
+        # collector's generations, so that its full passes, which grow with the heap,
+        # do not scan it after every batch (freed objects are still freed at once).
+        gc.freeze()
+        self.metrics.record_batch(
+            events=len(events),
+            late=late,
+            newest=max(e["time"] for e in events),
+            anomalies=counts,
+        )
+        log.info(
+            "audit stream: batch %d, %d events, %d anomalies, %.1f s",
+            batch_id,
+            len(events),
+            len(found),
+            time.monotonic() - began,
+        )
 
 
 @dataclass
@@ -272,9 +358,9 @@ class RunningStream:
 def start_stream(spark: SparkSession, config: StreamConfig) -> RunningStream:
     """Start the live audit on ``spark`` (a session with the Kafka connector) and its
     metrics server; the caller stops it."""
-    from ordered_audit import incremental, sources
+    from ordered_audit import live_checks, sources
 
-    metrics = StreamMetrics(incremental.STREAM_KINDS, config.max_topic_labels)
+    metrics = StreamMetrics(live_checks.STREAM_KINDS, config.max_topic_labels)
     newest, totals = StateStore(config.checkpoint / "state").latest()
     metrics.restore(newest, totals)
     if totals.events:
@@ -286,7 +372,7 @@ def start_stream(spark: SparkSession, config: StreamConfig) -> RunningStream:
     port = metrics.serve(config.metrics_host, config.metrics_port)
     log.info("audit stream: metrics on http://%s:%d/metrics", config.metrics_host, port)
     try:
-        events = sources.read_kafka_stream(
+        records = sources.read_kafka_stream(
             spark,
             config.bootstrap,
             config.topic,
@@ -294,7 +380,7 @@ def start_stream(spark: SparkSession, config: StreamConfig) -> RunningStream:
             config.kafka_options,
         )
         query = (
-            events.writeStream.foreachBatch(LiveAudit(spark, config, metrics))
+            records.writeStream.foreachBatch(LiveAudit(config, metrics))
             .option("checkpointLocation", str(config.checkpoint / "spark"))
             .trigger(processingTime=f"{config.trigger_s} seconds")
             .queryName("ordered-sidecar-audit-stream")

@@ -187,8 +187,8 @@ def test_the_stream_command_is_registered_and_checks_its_arguments(
     with pytest.raises(SystemExit):
         parser.parse_args(["audit", "stream", "--bootstrap", "127.0.0.1:9092"])
     # A checkpoint whose Spark part was deleted and the checks' state kept: refused.
-    (tmp_path / "state" / "3").mkdir(parents=True)
-    (tmp_path / "state" / "3" / "meta.json").write_text('{"newest": null}')
+    (tmp_path / "state").mkdir(parents=True)
+    (tmp_path / "state" / "3.json").write_text('{"newest": null}')
     with pytest.raises(AuditError, match="keep or delete the checkpoint whole"):
         stream_config_from_args(parser.parse_args(base))
     (tmp_path / "spark" / "offsets").mkdir(parents=True)

@@ -15,7 +15,7 @@ on from the checkpoint). The bound: the restarted job reports the killed batch's
 anomalies and the third history's within 120 s of its start (a JVM start and two
 micro-batches on a loaded 2-core machine). The case where the
 killed process had saved the batch's state before Spark committed it is checked
-without a cluster in ``test_incremental.py``.
+without a cluster in ``test_live_checks.py``.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ async def test_a_job_killed_mid_batch_and_restarted_counts_each_anomaly_once(
             job.kill()
         # Killed while checking the batch: nothing of it was saved or committed.
         assert batch not in batch_ids(checkpoint / "spark" / "commits")
-        assert not (checkpoint / "state" / str(batch) / "meta.json").exists()
+        assert not (checkpoint / "state" / f"{batch}.json").exists()
 
         began = time.monotonic()
         job = StreamProcess(arguments, tmp_path / "second.log")
