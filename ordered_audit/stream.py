@@ -331,6 +331,7 @@ class LiveAudit:
             late=late,
             newest=max(e["time"] for e in events),
             anomalies=counts,
+            state_rows=state.rows(),
         )
         log.info(
             "audit stream: batch %d, %d events, %d anomalies, %.1f s",

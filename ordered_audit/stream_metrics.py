@@ -10,6 +10,9 @@ server in the driver that serves it on ``/metrics``.
   came (checked against a state that may have forgotten what they needed).
 - ``sidecar_audit_stream_lag_seconds``: now minus the newest event time checked, at
   scrape time (NaN before the first event).
+- ``sidecar_audit_stream_state_rows{check}``: rows the checks keep in the driver's
+  memory after the last micro-batch (``check``: deliveries, records,
+  acknowledgements), what the driver's memory grows with.
 
 The counters are totals since the checkpoint was created, not since the process
 started: each micro-batch's ``Totals`` are saved with its state, and a process started
@@ -99,6 +102,12 @@ class StreamMetrics:
             registry=self.registry,
         )
         self.lag.set_function(self._lag)
+        self.state_rows = Gauge(
+            "sidecar_audit_stream_state_rows",
+            "Rows the live audit's checks keep in memory, by check.",
+            ["check"],
+            registry=self.registry,
+        )
 
     def topic_label(self, topic: str | None) -> str:
         """``topic`` itself for the first ``max_topics`` topics, ``other`` after."""
@@ -131,8 +140,12 @@ class StreamMetrics:
         late: int,
         newest: float | None,
         anomalies: Mapping[tuple[str, str | None], int],
+        state_rows: Mapping[str, int] | None = None,
     ) -> None:
-        """One micro-batch's figures; ``anomalies`` counts by (kind, topic)."""
+        """One micro-batch's figures; ``anomalies`` counts by (kind, topic),
+        ``state_rows`` the rows kept by check (a fixed set of names)."""
+        for check, rows in (state_rows or {}).items():
+            self.state_rows.labels(check=check).set(rows)
         for (kind, label), count in self.labelled(anomalies).items():
             self.anomalies.labels(kind=kind, topic=label).inc(count)
         self.events.inc(events)

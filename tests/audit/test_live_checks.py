@@ -340,6 +340,16 @@ def test_after_a_restart_the_driver_counts_each_anomaly_once(
     assert in_last > 0
     assert metric(first, "sidecar_audit_stream_events_total") == len(events)
     assert metric(first, "sidecar_audit_stream_lag_seconds") == pytest.approx(2.0)
+    kept = {
+        check: metric(first, "sidecar_audit_stream_state_rows", {"check": check})
+        for check in ("deliveries", "records", "acknowledgements")
+    }
+    # No cutoff yet (lateness and horizon are minutes): every delivery and record kept.
+    named = [e for e in events if e["type"] in ("produce_acked", "delivered")]
+    assert kept["deliveries"] == len(
+        {(e["producer"], e["key"], e["producer_seq"]) for e in named if e["type"] == "delivered"}
+    )
+    assert kept["records"] == len({(e["partition"], e["offset"], e["generation"]) for e in named})
 
     # A restart after the last batch was saved (killed before Spark committed it): the
     # counters start from the saved totals, and the batch Spark runs again is not
