@@ -1,10 +1,11 @@
-"""Audit throughput: events per second through the whole ordering-audit job, and
-through the live audit's micro-batches.
+"""Audit throughput: events per second through the whole ordering-audit job, through
+the live audit's micro-batches, and through the live audit's query on Kafka.
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.audit [--part batch|stream|both] [--events 1000000 2000000]
-        [--batch-events 4000 20000 100000] [--master local[2]]
+    .venv/bin/python -m bench.audit [--part batch|stream|kafka|both] [--events 1000000 2000000]
+        [--batch-events 4000 20000 100000 250000] [--per-trigger 100000 250000]
+        [--kafka-records 600000] [--master local[2]]
 
 Synthetic events are generated in Spark (``spark.range``, no Python loop) and written
 to Parquet: a topic of 8 partitions grown to 9 halfway (so keys move and the operation
@@ -18,15 +19,22 @@ session that a smaller warm-up run has started, so the figure is the job's stead
 throughput, not the JVM's start. Prometheus is not asked.
 
 The live audit (``--part stream``) runs its ``foreachBatch`` function
-(``ordered_audit.stream.LiveAudit``: the incremental checks, the state saved to a
-checkpoint, the counts) over the same synthetic history cut by event time into
-micro-batches of a given size, one after the other with the state carried, as the
-stream job runs them; each batch is read into memory first, so Kafka and the JSON
-parsing are not in the figure. A batch size the checks get through in ``s`` seconds is
-kept up with at ``size / s`` events per second; at that rate the batches run back to
-back, and the job's lag peaks at ``2 s`` (``trigger + s`` when ``s`` is shorter than the
-trigger) right before a batch ends, when the newest event checked is still the previous
-batch's.
+(``ordered_audit.stream.LiveAudit``: the batch's record values brought to the driver,
+their JSON read, the checks over the state in memory, the batch journaled to a local
+checkpoint, the counts) over the same synthetic history as the audit topic's records
+(one event's JSON each), cut by event time into micro-batches of a given size, one after
+the other with the state carried, as the stream job runs them; each batch is in Spark's
+memory first, so reading Kafka is not in the figure. A batch size the checks get through
+in ``s`` seconds is kept up with at ``size / s`` events per second; at that rate the
+batches run back to back, and the job's lag peaks at ``2 s`` (``trigger + s`` when ``s``
+is shorter than the trigger) right before a batch ends, when the newest event checked is
+still the previous batch's.
+
+The live audit on Kafka (``--part kafka``, not in ``both``: it starts the dev cluster,
+or uses the one ``SIDECAR_TEST_*`` names) runs ``sidecar audit stream``'s query itself
+over a fresh audit topic filled with that history, embedded and on the project's Spark
+standalone master and worker, ``--per-trigger`` records a micro-batch, and takes Spark's
+own time of each micro-batch.
 
 Each part replaces its own section of ``results/audit.md`` (with its own machine and
 load lines) and keeps the other's.
@@ -35,23 +43,29 @@ load lines) and keeps the other's.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import statistics
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bench.report import RESULTS_DIR, command_line, machine_lines, markdown_table
-from ordered_audit import incremental
+from ordered_audit import live_checks
 from ordered_audit.job import AuditConfig, SparkOptions, build_session, run_audit
-from ordered_audit.sources import conform
-from ordered_audit.stream import DEFAULT_TRIGGER_S, LiveAudit, StreamConfig
+from ordered_audit.sources import EVENT_COLUMNS, conform
+from ordered_audit.stream import DEFAULT_TRIGGER_S, LiveAudit, StreamConfig, start_stream
 from ordered_audit.stream_metrics import StreamMetrics
+from ordered_dev.devcluster.install import KAFKA_VERSION
+from ordered_dev.devcluster.provider import provide_cluster
+from ordered_dev.devcluster.spark import SparkStandalone
 
 TOPIC = "bench-orders"
 GROUP = "bench-group"
@@ -68,6 +82,11 @@ STREAM_WARMUP_BATCHES = 2
 STREAM_MEASURED_BATCHES = 4
 BATCH_SECTION = "## Ordering audit throughput"
 STREAM_SECTION = "## Live audit throughput"
+KAFKA_SECTION = "## Live audit on the real cluster"
+SECTIONS = (BATCH_SECTION, STREAM_SECTION, KAFKA_SECTION)
+# The live audit over a topic filled beforehand: the first micro-batch starts the
+# executors and the JVM's compiler, the rest count; given up after this long.
+KAFKA_CATCH_UP_TIMEOUT_S = 600.0
 
 
 def _stamp(frame: DataFrame, sidecar: str, seq: Column, time: Column) -> DataFrame:
@@ -237,18 +256,24 @@ def measure_stream(spark: SparkSession, events_per_batch: int, directory: Path) 
         str(source)
     )
     events = conform(spark.read.parquet(str(source)))
+    # The audit topic's records: one event's JSON each, absent fields left out.
+    records = events.select("time", F.to_json(F.struct(*EVENT_COLUMNS)).alias("value"))
     bounds = events.agg(F.min("time").alias("first"), F.max("time").alias("last")).first()
     assert bounds is not None
     first, last = float(bounds["first"]), float(bounds["last"])
     width = (last - first) / batches
-    metrics = StreamMetrics(incremental.STREAM_KINDS, max_topics=50)
+    metrics = StreamMetrics(live_checks.STREAM_KINDS, max_topics=50)
     config = StreamConfig(bootstrap="unused", topic="unused", checkpoint=directory / source.stem)
-    audit = LiveAudit(spark, config, metrics)
+    audit = LiveAudit(config, metrics)
     seconds = []
     for batch_id in range(batches):
         lower = first + batch_id * width
         upper = last + 1 if batch_id == batches - 1 else lower + width
-        batch = events.where((F.col("time") >= lower) & (F.col("time") < upper)).cache()
+        batch = (
+            records.where((F.col("time") >= lower) & (F.col("time") < upper))
+            .select("value")
+            .cache()
+        )
         batch.count()  # in memory before the clock starts, as a source hands it over
         began = time.monotonic()
         audit(batch, batch_id)
@@ -267,11 +292,158 @@ def measure_stream(spark: SparkSession, events_per_batch: int, directory: Path) 
     return StreamFigures(checked / batches, seconds, statistics.median(measured), measured[-1])
 
 
+@dataclass(frozen=True)
+class KafkaFigures:
+    events: int
+    batches: list[tuple[int, float]]
+    """(records, seconds) of each micro-batch, in order."""
+
+    @property
+    def measured(self) -> list[tuple[int, float]]:
+        return self.batches[1:]
+
+    @property
+    def rate(self) -> float:
+        return sum(n for n, _ in self.measured) / sum(t for _, t in self.measured)
+
+
+def fill_audit_topic(spark: SparkSession, bootstrap: str, replication: int, records: int) -> str:
+    """A fresh audit topic of 3 partitions holding the clean synthetic history of
+    ``records`` records (one event's JSON a record, written by Spark's Kafka sink)."""
+    topic = f"bench-audit-{uuid.uuid4().hex[:8]}"
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 3, replication)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+    events = synthetic_events(spark, records)
+    events.select(F.to_json(F.struct(*EVENT_COLUMNS)).alias("value")).write.format("kafka").option(
+        "kafka.bootstrap.servers", bootstrap
+    ).option("topic", topic).save()
+    return topic
+
+
+def measure_kafka(
+    spark: SparkSession, bootstrap: str, topic: str, per_trigger: int, directory: Path
+) -> KafkaFigures:
+    """``sidecar audit stream``'s query (``start_stream``) over ``topic`` from its start,
+    ``per_trigger`` records a micro-batch, until every event is counted."""
+    config = StreamConfig(
+        bootstrap=bootstrap,
+        topic=topic,
+        checkpoint=directory / f"kafka-{topic}-{per_trigger}",
+        max_offsets_per_trigger=per_trigger,
+        metrics_port=0,
+    )
+    total = (
+        spark.read.format("kafka")
+        .options(**{"kafka.bootstrap.servers": bootstrap, "subscribe": topic})
+        .load()
+        .count()
+    )
+    running = start_stream(spark, config)
+    try:
+        deadline = time.monotonic() + KAFKA_CATCH_UP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            checked = running.metrics.registry.get_sample_value("sidecar_audit_stream_events_total")
+            if checked is not None and checked >= total:
+                break
+            if not running.query.isActive:
+                raise RuntimeError(f"the stream stopped: {running.query.exception()}")
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"not every event was counted within {KAFKA_CATCH_UP_TIMEOUT_S} s")
+        found = sum(
+            sample.value
+            for family in running.metrics.registry.collect()
+            for sample in family.samples
+            if sample.name == "sidecar_audit_stream_anomalies_total"
+        )
+        assert found == 0, "the clean history has no anomaly"
+        batches = [
+            (int(progress["numInputRows"]), progress["durationMs"]["triggerExecution"] / 1000)
+            for progress in running.query.recentProgress
+            if progress["numInputRows"]
+        ]
+    finally:
+        running.stop()
+    return KafkaFigures(total, batches)
+
+
+def kafka_section(args: argparse.Namespace, directory: Path) -> tuple[list[list[str]], list[str]]:
+    """The live audit over the dev cluster's Kafka, embedded and on the project's
+    standalone master and worker; (the section's rows, the Spark lines)."""
+    rows = []
+    spark_lines = []
+    with provide_cluster() as cluster:
+        for where in ("embedded", "standalone"):
+            standalone = None
+            if where == "embedded":
+                options = SparkOptions(
+                    master=args.master,
+                    shuffle_partitions=args.shuffle_partitions,
+                    conf={"spark.driver.memory": args.driver_memory},
+                )
+            else:
+                standalone = SparkStandalone(directory / "standalone")
+                standalone.start()
+                options = SparkOptions(
+                    master=standalone.master_url,
+                    shuffle_partitions=1,
+                    conf={
+                        "spark.driver.memory": args.driver_memory,
+                        "spark.executor.memory": "512m",
+                        "spark.cores.max": "1",
+                    },
+                )
+            spark = build_session(options, kafka=True)
+            try:
+                spark_lines.append(
+                    f"- {where}: Spark {spark.version}, master `{options.master}`"
+                    + (", 1 executor of 1 core and 512 MiB" if standalone else "")
+                    + f", driver memory {args.driver_memory}"
+                )
+                topic = fill_audit_topic(
+                    spark, cluster.kafka_bootstrap, cluster.replication_factor, args.kafka_records
+                )
+                for per_trigger in args.per_trigger:
+                    figures = measure_kafka(
+                        spark, cluster.kafka_bootstrap, topic, per_trigger, directory
+                    )
+                    times = [t for _, t in figures.measured]
+                    median = statistics.median(times)
+                    each = ", ".join(f"{t:.1f}" for _, t in figures.batches)
+                    print(
+                        f"{where}, {per_trigger:,} a batch: {each} s; {figures.rate:,.0f} events/s"
+                    )
+                    rows.append(
+                        [
+                            where,
+                            f"{per_trigger:,}",
+                            f"{figures.events:,}",
+                            each,
+                            f"{median:.1f}",
+                            f"{figures.rate:,.0f}",
+                            f"{max(DEFAULT_TRIGGER_S, median) + median:.1f}",
+                        ]
+                    )
+            finally:
+                spark.stop()
+                if standalone is not None:
+                    standalone.stop()
+    return rows, spark_lines
+
+
 def replace_section(text: str, title: str, section: list[str]) -> str:
     """``text`` (a results file) with its section under ``title`` (up to the next
     section of the other part) replaced by ``section``, or ``section`` appended."""
     lines = text.splitlines()
-    titles = (BATCH_SECTION, STREAM_SECTION)
+    titles = SECTIONS
     start = next((i for i, line in enumerate(lines) if line.startswith(title)), None)
     if start is None:
         return "\n".join([*lines, "", *section, ""])
@@ -352,13 +524,14 @@ def stream_section(spark: SparkSession, args: argparse.Namespace, directory: Pat
     return [
         f"{STREAM_SECTION} (micro-batches, embedded)",
         "",
-        "The live audit's micro-batch function (`LiveAudit`: the incremental checks over "
-        "the batch and the state of the keys and partitions it touches, the state saved "
-        "as Parquet to a local checkpoint, the counts) over the same clean synthetic "
-        f"history, cut by event time into {batches} micro-batches of each size and run one "
-        "after the other with the state carried, as `sidecar audit stream` runs them. "
-        "Each batch is read into memory before its clock starts: reading the topic and "
-        "parsing the JSON are not in the figures. The history's event time advances "
+        "The live audit's micro-batch function (`LiveAudit`: the batch's record values "
+        "brought to the driver in one transfer, their JSON read, the checks over the "
+        "state in memory, the batch journaled to a local checkpoint, the counts) over the "
+        "same clean synthetic history as the audit topic holds it (one event's JSON a "
+        f"record), cut by event time into {batches} micro-batches of each size and run "
+        "one after the other with the state carried, as `sidecar audit stream` runs them. "
+        "Each batch is in Spark's memory before its clock starts: reading the topic is "
+        "not in the figures (see the Kafka section). The history's event time advances "
         "4,000 events a second, so the state keeps everything within the horizon "
         "(600 s), as it does in a job's first ten minutes. The first "
         f"{STREAM_WARMUP_BATCHES} batches of each size warm up; the median and max are of "
@@ -383,13 +556,57 @@ def stream_section(spark: SparkSession, args: argparse.Namespace, directory: Pat
     ]
 
 
+def kafka_lines(args: argparse.Namespace, directory: Path) -> list[str]:
+    rows, spark_lines = kafka_section(args, directory)
+    return [
+        f"{KAFKA_SECTION} (Kafka source, every micro-batch whole)",
+        "",
+        *spark_lines,
+        "",
+        "`sidecar audit stream`'s query itself (`start_stream`: Spark's Kafka source, the "
+        "record values brought to the driver, the checks, the journal, the counts) over a "
+        "fresh audit topic of the dev cluster (3 brokers on the same 2 cores) filled "
+        "beforehand with the clean synthetic history above, read from its start with "
+        "`--max-offsets-per-trigger` records a micro-batch until `/metrics` counts every "
+        "event. A micro-batch's time is Spark's (`triggerExecution`: reading the topic, "
+        "the `foreachBatch` function, the offsets and commit logs). The first batch "
+        "starts the executors and warms the JVM up and is not counted; events/s is the "
+        "records of the others over their time: what the stream keeps up with. At that "
+        "rate the batches run back to back and the lag peaks at the trigger (or the "
+        "batch time, when longer) plus the batch time.",
+        "",
+        *markdown_table(
+            [
+                "where",
+                "records a batch",
+                "events",
+                "batch s (each, in order)",
+                "median s (after the first)",
+                "events/s kept up with",
+                "peak lag at that rate s",
+            ],
+            rows,
+        ),
+    ]
+
+
+def after_lines(part: str, began: float) -> list[str]:
+    return [
+        f"- command: `{command_line('bench.audit')}` ({time.monotonic() - began:.0f} s of {part})",
+        # Other work that started during the run shows here, not before it.
+        "- load average after the run (1/5/15 min): "
+        + " / ".join(f"{load:.2f}" for load in os.getloadavg()),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--part",
-        choices=("batch", "stream", "both"),
+        choices=("batch", "stream", "kafka", "both"),
         default="both",
-        help="the batch job, the live audit's micro-batches, or both",
+        help="the batch job, the live audit's micro-batches, the live audit on the dev "
+        "cluster's Kafka, or the first two",
     )
     parser.add_argument(
         "--events",
@@ -403,8 +620,21 @@ def main() -> None:
         "--batch-events",
         type=int,
         nargs="+",
-        default=[4_000, 20_000, 100_000],
+        default=[4_000, 20_000, 100_000, 250_000],
         help="events in each of the live audit's micro-batches",
+    )
+    parser.add_argument(
+        "--kafka-records",
+        type=int,
+        default=600_000,
+        help="records of the history written to the audit topic (two events each)",
+    )
+    parser.add_argument(
+        "--per-trigger",
+        type=int,
+        nargs="+",
+        default=[100_000, 250_000],
+        help="records a micro-batch of the live audit on Kafka",
     )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--shuffle-partitions", type=int, default=4)
@@ -413,42 +643,50 @@ def main() -> None:
     began = time.monotonic()
     # Read before Spark starts: the load of other work, not of this run.
     machine = machine_lines("not used (synthetic events in Parquet)")
-    spark = build_session(
-        SparkOptions(
-            master=args.master,
-            shuffle_partitions=args.shuffle_partitions,
-            conf={"spark.driver.memory": args.driver_memory},
-        ),
-        kafka=False,
-    )
     directory = Path(tempfile.mkdtemp(prefix="bench-audit-"))
     sections: list[tuple[str, list[str]]] = []
-    try:
+    shared = [
+        (part, title, build)
         for part, title, build in (
             ("batch", BATCH_SECTION, batch_section),
             ("stream", STREAM_SECTION, stream_section),
-        ):
-            if args.part in (part, "both"):
-                part_began = time.monotonic()
-                title_line, _, *body = build(spark, args, directory)
-                header = [
-                    *machine,
-                    f"- Spark: {spark.version}, master `{args.master}`, "
-                    f"{args.shuffle_partitions} shuffle partitions, driver memory "
-                    f"{args.driver_memory}, adaptive execution off (the job's default)",
-                    f"- command: `{command_line('bench.audit')}` "
-                    f"({time.monotonic() - part_began:.0f} s of {part})",
-                    # Other work that started during the run shows here, not before it.
-                    "- load average after the run (1/5/15 min): "
-                    + " / ".join(f"{load:.2f}" for load in os.getloadavg()),
-                ]
-                sections.append((title, [title_line, "", *header, "", *body]))
+        )
+        if args.part in (part, "both")
+    ]
+    try:
+        if shared:
+            spark = build_session(
+                SparkOptions(
+                    master=args.master,
+                    shuffle_partitions=args.shuffle_partitions,
+                    conf={"spark.driver.memory": args.driver_memory},
+                ),
+                kafka=False,
+            )
+            try:
+                for part, title, build in shared:
+                    part_began = time.monotonic()
+                    title_line, _, *body = build(spark, args, directory)
+                    header = [
+                        *machine,
+                        f"- Spark: {spark.version}, master `{args.master}`, "
+                        f"{args.shuffle_partitions} shuffle partitions, driver memory "
+                        f"{args.driver_memory}, adaptive execution off (the job's default)",
+                        *after_lines(part, part_began),
+                    ]
+                    sections.append((title, [title_line, "", *header, "", *body]))
+            finally:
+                spark.stop()
+        if args.part == "kafka":
+            part_began = time.monotonic()
+            machine = machine_lines(f"{KAFKA_VERSION}, 3 brokers (local cluster) on loopback")
+            title_line, _, *body = kafka_lines(args, directory)
+            header = [*machine, *after_lines("kafka", part_began)]
+            sections.append((KAFKA_SECTION, [title_line, "", *header, "", *body]))
     finally:
-        spark.stop()
         shutil.rmtree(directory, ignore_errors=True)
     path = RESULTS_DIR / "audit.md"
-    both = args.part == "both" or not path.exists()
-    text = "# Audit benchmark\n" if both else path.read_text()
+    text = path.read_text() if path.exists() else "# Audit benchmark\n"
     for title, section in sections:
         text = replace_section(text, title, section)
     path.write_text(text)
