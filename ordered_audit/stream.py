@@ -85,6 +85,10 @@ LOGGED_PER_BATCH = 20
 # written this seldom.
 SNAPSHOT_EVENTS = 2_000_000
 SNAPSHOT_BATCHES = 300
+# A snapshot takes time in proportion to the state (several seconds a million rows):
+# at least this many events journaled per row kept between two snapshots bounds their
+# share of the stream's time.
+SNAPSHOT_EVENTS_PER_ROW = 2.0
 _META = ".json"
 _VALUES = ".values.json"
 _SNAPSHOT = ".state.pickle"
@@ -117,9 +121,15 @@ class StateStore:
     """The checks' state under ``root`` (see the module's docstring): a journal of the
     batches checked and, now and then, a snapshot of the state after one of them."""
 
-    def __init__(self, root: Path, snapshot_events: int = SNAPSHOT_EVENTS) -> None:
+    def __init__(
+        self,
+        root: Path,
+        snapshot_events: int = SNAPSHOT_EVENTS,
+        events_per_row: float = SNAPSHOT_EVENTS_PER_ROW,
+    ) -> None:
         self.root = root
         self.snapshot_events = snapshot_events
+        self.events_per_row = events_per_row
         self._since_snapshot: tuple[int, int] | None = None
         """Events and batches journaled since the last snapshot (None: not read yet)."""
 
@@ -201,8 +211,9 @@ class StateStore:
         """``batch_id``'s journal entry (its record values and the cutoff its ``events``
         were checked with, written first; then the state's newest time and the totals
         through it, which mark it complete), and a snapshot of ``state`` once the
-        journal holds ``snapshot_events`` events or ``SNAPSHOT_BATCHES`` batches since
-        the last one."""
+        journal holds ``snapshot_events`` events (or ``events_per_row`` times the rows
+        the state keeps, when more) or ``SNAPSHOT_BATCHES`` batches since the last
+        one."""
         self.root.mkdir(parents=True, exist_ok=True)
         _write_atomically(self._values_path(batch_id), orjson.dumps(list(values)))
         meta = {
@@ -220,7 +231,8 @@ class StateStore:
             journaled, batches = self._since_snapshot
             self._since_snapshot = (journaled + events, batches + 1)
         journaled, batches = self._since_snapshot
-        if journaled >= self.snapshot_events or batches >= SNAPSHOT_BATCHES:
+        due = max(self.snapshot_events, self.events_per_row * sum(state.rows().values()))
+        if journaled >= due or batches >= SNAPSHOT_BATCHES:
             _write_atomically(
                 self._snapshot_path(batch_id), pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
             )

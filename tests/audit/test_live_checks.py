@@ -382,7 +382,7 @@ def test_a_state_rebuilt_from_snapshot_and_journal_finds_what_the_running_one_fi
     parts = cut(history.events, 7)
     config = StreamConfig(bootstrap="unused", topic="unused", checkpoint=tmp_path, lateness_s=0.0)
     # A snapshot after every second batch or so, and the journal between them.
-    store = StateStore(tmp_path / "state", snapshot_events=len(parts[0]) * 2)
+    store = StateStore(tmp_path / "state", snapshot_events=len(parts[0]) * 2, events_per_row=0)
     running = LiveAudit(config, StreamMetrics(live_checks.STREAM_KINDS, 5), store)
     reference = LiveState()
     for batch_id, part in enumerate(parts[:-1]):
@@ -555,3 +555,20 @@ def test_any_history_in_any_batches_finds_what_the_batch_checks_find(
     found = everything(per_batch)
     assert len(found) == len(set(found)), "an anomaly reported twice"
     assert found == batch_check(spark, events)
+
+
+def test_a_snapshot_waits_for_twice_as_many_events_as_the_state_keeps_rows(
+    tmp_path: Path,
+) -> None:
+    events = clean().history.events
+    store = StateStore(tmp_path, snapshot_events=1, events_per_row=2.0)
+    state = LiveState()
+    for batch_id, part in enumerate(cut(events, 4)):
+        check(state, part, None)
+        store.save(batch_id, values(part), len(part), None, state, Totals())
+        rows = sum(state.rows().values())
+        journaled = sum(len(p) for p in cut(events, 4)[: batch_id + 1])
+        snapshots = sorted(tmp_path.glob("*.state.pickle"))
+        # Every delivery and record is kept: more rows than half the events so far.
+        assert rows * 2 > journaled
+        assert snapshots == []
