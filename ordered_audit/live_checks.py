@@ -50,6 +50,7 @@ import bisect
 import heapq
 import itertools
 import math
+import sys
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -193,6 +194,10 @@ def _decoded(values: Sequence[str | bytes | None]) -> list[Any]:
     return decoded
 
 
+_RECURRING = ("sidecar", "topic", "group", "producer", "instance", "key")
+"""String fields whose values recur from event to event."""
+
+
 @dataclass(frozen=True, slots=True)
 class Parsed:
     events: list[Event]
@@ -224,6 +229,11 @@ def parse_events(values: Sequence[str | bytes | None]) -> Parsed:
             other += 1
         elif identity not in seen:
             seen.add(identity)
+            # One string for each name that recurs: the state keeps many of them.
+            for name in _RECURRING:
+                value = get(name)
+                if value is not None:
+                    event[name] = sys.intern(value)
             events.append(event)
     events.sort(key=delivery_order)
     return Parsed(events, other, unreadable)
@@ -255,13 +265,21 @@ class _Delivery:
 
     __slots__ = ("flagged", "generation", "instance", "offset", "order", "partition", "seq")
 
-    def __init__(self, event: Mapping[str, Any]) -> None:
-        self.order: tuple[float, str, int] = delivery_order(event)
-        self.seq: int = event["producer_seq"]
-        self.partition: int | None = event.get("partition")
-        self.offset: int | None = event.get("offset")
-        self.generation: int | None = event.get("generation")
-        self.instance: str | None = event.get("instance")
+    def __init__(
+        self,
+        order: tuple[float, str, int],
+        seq: int,
+        partition: int | None,
+        offset: int | None,
+        generation: int | None,
+        instance: str | None,
+    ) -> None:
+        self.order = order
+        self.seq = seq
+        self.partition = partition
+        self.offset = offset
+        self.generation = generation
+        self.instance = instance
         self.flagged = False
 
     def highest(self) -> tuple[int, int, int]:
@@ -294,6 +312,8 @@ class _Nonmonotonic:
     keys: dict[KeyIdentity, _KeyDeliveries] = field(default_factory=dict)
     queue: deque[tuple[float, KeyIdentity, int]] = field(default_factory=deque)
     """(time, key, seq) of each row, in the order they came."""
+    names: dict[KeyIdentity, KeyIdentity] = field(default_factory=dict)
+    """Each key's one tuple, which the rows' entries in ``queue`` share."""
 
     def check(self, deliveries: Sequence[Event], found: list[Anomaly]) -> None:
         fresh: dict[KeyIdentity, list[_Delivery]] = {}
@@ -303,13 +323,27 @@ class _Nonmonotonic:
             key, producer, seq = get("key"), get("producer"), get("producer_seq")
             if key is None or producer is None or seq is None or get("ordered") is False:
                 continue
-            identity = (get("group"), get("topic"), producer, key)
+            given = (get("group"), get("topic"), producer, key)
+            identity = self.names.setdefault(given, given)
             known = self.keys.get(identity)
             if (identity, seq) in firsts or (known is not None and seq in known.rows):
                 continue  # a re-delivery: a duplicate, not a reordering
             firsts.add((identity, seq))
-            fresh.setdefault(identity, []).append(_Delivery(event))
-            self.queue.append((event["time"], identity, seq))
+            time = event["time"]
+            row = _Delivery(
+                (time, event["sidecar"], event["seq"]),
+                seq,
+                get("partition"),
+                get("offset"),
+                get("generation"),
+                get("instance"),
+            )
+            rows = fresh.get(identity)
+            if rows is None:
+                fresh[identity] = [row]
+            else:
+                rows.append(row)
+            self.queue.append((time, identity, seq))
         for identity, rows in fresh.items():
             state = self.keys.get(identity)
             if state is None:
@@ -414,11 +448,13 @@ class _Record:
 
     __slots__ = ("flagged", "key", "producer", "producer_seq", "time")
 
-    def __init__(self, event: Mapping[str, Any]) -> None:
-        self.key: str | None = event.get("key")
-        self.producer: str | None = event.get("producer")
-        self.producer_seq: int | None = event.get("producer_seq")
-        self.time: float = event["time"]
+    def __init__(
+        self, key: str | None, producer: str | None, producer_seq: int | None, time: float
+    ) -> None:
+        self.key = key
+        self.producer = producer
+        self.producer_seq = producer_seq
+        self.time = time
         self.flagged = False
 
 
@@ -474,6 +510,8 @@ class _Barrier:
     partitions: dict[PartitionIdentity, dict[int, _Generation]] = field(default_factory=dict)
     queue: deque[tuple[float, PartitionIdentity, int, int]] = field(default_factory=deque)
     """(time, partition, generation, offset) of each record, in the order they came."""
+    names: dict[PartitionIdentity, PartitionIdentity] = field(default_factory=dict)
+    """Each partition's one tuple, which the entries in ``queue`` share."""
 
     def check(self, named: Iterable[Event], found: list[Anomaly]) -> None:
         """``named``: the produce_acked and delivered events."""
@@ -483,7 +521,8 @@ class _Barrier:
             generation, partition, offset = get("generation"), get("partition"), get("offset")
             if generation is None or partition is None or offset is None:
                 continue
-            identity = (get("topic"), partition)
+            given = (get("topic"), partition)
+            identity = self.names.setdefault(given, given)
             generations = self.partitions.get(identity)
             if generations is None:
                 generations = self.partitions[identity] = {}
@@ -492,8 +531,9 @@ class _Barrier:
                 records = generations[generation] = _Generation()
             if offset in records.rows:
                 continue
-            records.add(offset, _Record(event))
-            self.queue.append((event["time"], identity, generation, offset))
+            time = event["time"]
+            records.add(offset, _Record(get("key"), get("producer"), get("producer_seq"), time))
+            self.queue.append((time, identity, generation, offset))
             fresh.setdefault(identity, []).append((generation, offset))
         for identity, rows in fresh.items():
             generations = self.partitions[identity]
@@ -644,6 +684,8 @@ class _Lost:
     """Deliveries (offset: time) an acknowledged record not judged yet may need."""
     queue: deque[tuple[float, GroupPartition, int]] = field(default_factory=deque)
     """(time, group partition, offset) of each of ``seen``, in the order they came."""
+    names: dict[GroupPartition, GroupPartition] = field(default_factory=dict)
+    """Each group partition's one tuple, which the entries in ``queue`` share."""
 
     def check(
         self,
@@ -664,8 +706,9 @@ class _Lost:
             partition, offset = event.get("partition"), event.get("offset")
             if partition is not None and offset is not None:
                 group, topic = event.get("group"), event.get("topic")
-                at = (group, topic, partition)
-                progress = self._progress(at)
+                given = (group, topic, partition)
+                at = self.names.setdefault(given, given)
+                progress = self.progress.get(at) or self._progress(at)
                 time = event["time"]
                 if progress.first_delivered is None or offset < progress.first_delivered:
                     progress.first_delivered = offset
