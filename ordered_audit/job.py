@@ -649,6 +649,12 @@ def stream_config_from_args(args: argparse.Namespace) -> tuple[StreamConfig, Spa
         raise AuditError("--max-topic-labels must be at least 1")
     if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger < 1:
         raise AuditError("--max-offsets-per-trigger must be at least 1")
+    if StateStore(args.checkpoint / "state").has_earlier_layout():
+        raise AuditError(
+            f"--checkpoint {args.checkpoint} holds the checks' state as an earlier version "
+            "wrote it (Parquet, state/<batch id>/), which this version does not read: "
+            "start on a new checkpoint"
+        )
     offsets = args.checkpoint / "spark" / "offsets"
     spark_checkpoint = offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
     if StateStore(args.checkpoint / "state").has_state() and not spark_checkpoint:

@@ -41,7 +41,6 @@ pyspark is imported only when the job runs, as in ``ordered_audit.job``.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import pickle
@@ -158,6 +157,13 @@ class StateStore:
 
     def has_state(self) -> bool:
         return bool(self._ids(_META))
+
+    def has_earlier_layout(self) -> bool:
+        """Whether ``root`` holds a state of the earlier layout (a directory of Parquet
+        tables per batch id), which this version does not read."""
+        return self.root.is_dir() and any(
+            path.is_dir() and path.name.isdigit() for path in self.root.iterdir()
+        )
 
     def _meta(self, batch_id: int) -> dict[str, Any]:
         meta: dict[str, Any] = json.loads(self._meta_path(batch_id).read_text())
@@ -334,10 +340,6 @@ class LiveAudit:
             )
         self.store.save(batch_id, values, len(events), cutoff, state, totals)
         self._state, self._totals, self._state_batch = state, totals, batch_id
-        # The state is millions of small objects without cycles: out of the cyclic
-        # collector's generations, so that its full passes, which grow with the heap,
-        # do not scan it after every batch (freed objects are still freed at once).
-        gc.freeze()
         self.metrics.record_batch(
             events=len(events),
             late=late,

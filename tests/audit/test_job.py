@@ -194,6 +194,11 @@ def test_the_stream_command_is_registered_and_checks_its_arguments(
     (tmp_path / "spark" / "offsets").mkdir(parents=True)
     (tmp_path / "spark" / "offsets" / "3").write_text("v1")
     stream_config_from_args(parser.parse_args(base))
+    # A checkpoint of the earlier version (a Parquet directory per batch): refused, not
+    # read as an empty state that would start the counters and the checks from nothing.
+    (tmp_path / "state" / "2").mkdir()
+    with pytest.raises(AuditError, match="start on a new checkpoint"):
+        stream_config_from_args(parser.parse_args(base))
     # The command refuses them before it starts Spark.
     assert main([*base, "--trigger", "-1"]) == 2
     assert "--trigger must be positive" in capsys.readouterr().err
