@@ -40,6 +40,9 @@ CONSUMER_REPLICA_ID = -1
 LATEST_TIMESTAMP = -1
 """ListOffsets: the end of the log (the last stable offset under read_committed)."""
 
+READ_UNCOMMITTED = 0
+"""ListOffsets isolation level: the high watermark."""
+
 READ_COMMITTED = 1
 """ListOffsets isolation level: the last stable offset, not the high watermark."""
 

@@ -350,6 +350,10 @@ class RetirementView:
     """Some known group read the partition and has not acknowledged every keys_revoked
     of it: even empty (truncated earlier, brought back, nothing written since) it stays
     assigned, so its owner can still tell them."""
+    transaction_open: bool = False
+    """A transaction is still open in the partition (its last stable offset, ``log_end``,
+    is below its high watermark): records past ``log_end`` may still be committed, so
+    neither "empty" nor "consumed to its end" can be told until it ends."""
     compacted: bool = False
     """The topic is compacted (``cleanup.policy=compact``): Kafka refuses DeleteRecords,
     and a key not written since the shrink has its newest value only here, so a drained
@@ -368,9 +372,11 @@ class RetirementAction(StrEnum):
 
 def retirement_action(view: RetirementView, now: float) -> RetirementAction:
     """Decide what to do with a read-only partition (DESIGN §5 "Retirement")."""
-    if view.log_start >= view.log_end and not view.revocations_pending:
-        return RetirementAction.REMOVE
     if view.delete_after is not None and now >= view.delete_after:
+        return RetirementAction.REMOVE
+    if view.transaction_open:
+        return RetirementAction.KEEP
+    if view.log_start >= view.log_end and not view.revocations_pending:
         return RetirementAction.REMOVE
     if view.groups_consumed_to_end and not view.compacted:
         return RetirementAction.TRUNCATE

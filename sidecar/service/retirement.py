@@ -13,6 +13,10 @@ delete-after time:
   DeleteRecords, then removed;
 * past its delete-after time: removed (its data stays in Kafka, unread).
 
+While a transaction is open in a partition (its last stable offset below its high
+watermark) only the delete-after time retires it: the records past the stable offset
+may still be committed, so it is neither empty nor consumed to its end yet.
+
 Why the acknowledgements: a removed partition is assigned to nobody, so a keys_revoked
 of it still unacknowledged would be told by nobody, and the gate counts a removed source
 as met: the destination's records would be released before the app flushed the keys'
@@ -80,6 +84,11 @@ class Retirer:
         count = len(state.modes)
         starts = await self.kafka.log_start_offsets(topic, count)
         ends = await self.kafka.end_offsets(topic, count)
+        # Read after the stable offsets: equal to them, no transaction was open when
+        # those were read. A read-only partition takes no new transaction, but one left
+        # open (a warm-up's, a writer's outside the sidecars) holds the stable offset at
+        # its first record until it ends.
+        highs = await self.kafka.high_watermarks(topic, count)
         groups = await self.store.known_groups()
         committed = [await self.kafka.committed_offsets(g, topic, count) for g in groups]
         acknowledged = [await self.store.acknowledged_revocations(g, topic) for g in groups]
@@ -107,6 +116,7 @@ class Retirer:
                 consumed,
                 delete_after,
                 pending,
+                transaction_open=ends[partition] < highs[partition],
                 compacted=state.config.compacted,
             )
             decisions[partition] = retirement_action(view, now)

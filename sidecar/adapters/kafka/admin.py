@@ -46,6 +46,8 @@ from sidecar.adapters.kafka.errors import (
 )
 from sidecar.adapters.kafka_protocol import (
     NO_EPOCH,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
     EpochListOffsetsRequest,
     EpochMetadataRequest,
     OffsetForLeaderEpochRequest,
@@ -353,13 +355,27 @@ class KafkaAdmin:
         its offset could belong to a leader elected after the offset was read, whose
         log may already have been truncated below it. Raises like end_offsets.
         """
-        what = f"end offsets of {topic}"
+        return await self._list_offsets(topic, count, READ_COMMITTED, f"end offsets of {topic}")
 
+    async def high_watermarks(self, topic: str, count: int) -> list[int]:
+        """High watermarks of partitions 0..count-1: past every record written, of open
+        transactions too. Below it, the last stable offset stops at the first record of
+        a transaction still open. Raises like end_offsets."""
+        ends = await self._list_offsets(
+            topic, count, READ_UNCOMMITTED, f"high watermarks of {topic}"
+        )
+        return [end.offset for end in ends]
+
+    async def _list_offsets(
+        self, topic: str, count: int, isolation_level: int, what: str
+    ) -> list[OffsetAndEpoch]:
         async def ask() -> list[OffsetAndEpoch]:
             leaders = await self._leaders(topic, count)
             answers: dict[int, OffsetAndEpoch] = {}
             for node, partitions in _by_node(leaders).items():
-                request = EpochListOffsetsRequest(topic, partitions)
+                request = EpochListOffsetsRequest(
+                    topic, partitions, isolation_level=isolation_level
+                )
                 response = await _send(self._require().producer.client, node, request)
                 for _, partition, error_code, _, offset, epoch in _partition_rows(response):
                     _raise_for_partition(error_code, what)

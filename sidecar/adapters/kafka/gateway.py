@@ -176,6 +176,9 @@ class KafkaGateway:
     ) -> dict[int, OffsetAndEpoch | None]:
         return await self._admin.epoch_end_offsets(topic, epochs)
 
+    async def high_watermarks(self, topic: str, count: int) -> list[int]:
+        return await self._admin.high_watermarks(topic, count)
+
     async def log_start_offsets(self, topic: str, count: int) -> list[int]:
         return await self._admin.log_start_offsets(topic, count)
 

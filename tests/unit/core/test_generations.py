@@ -248,6 +248,20 @@ def test_modes_after_commit() -> None:
         (RetirementView(0, 5, True, 100.0, compacted=True), 100.0, RetirementAction.REMOVE),
         (RetirementView(0, 5, False, 100.0), 99.9, RetirementAction.KEEP),
         (RetirementView(0, 5, False, 100.0), 100.0, RetirementAction.REMOVE),
+        # A transaction still open: the stable offset is not the end; neither empty nor
+        # consumed to the end can be told (only the delete-after time retires it).
+        (RetirementView(0, 0, False, None, transaction_open=True), 0.0, RetirementAction.KEEP),
+        (RetirementView(0, 5, True, None, transaction_open=True), 0.0, RetirementAction.KEEP),
+        (
+            RetirementView(5, 5, True, None, transaction_open=True, compacted=True),
+            0.0,
+            RetirementAction.KEEP,
+        ),
+        (
+            RetirementView(0, 0, False, 100.0, transaction_open=True),
+            100.0,
+            RetirementAction.REMOVE,
+        ),
     ],
 )
 def test_retirement_action(view: RetirementView, now: float, action: RetirementAction) -> None:

@@ -76,8 +76,13 @@ class _Store:
 
 
 class _Kafka:
-    def __init__(self, ends: list[int], committed: dict[int, int]) -> None:
+    def __init__(
+        self, ends: list[int], committed: dict[int, int], highs: list[int] | None = None
+    ) -> None:
         self.ends = ends
+        """Last stable offsets."""
+        self.highs = highs
+        """High watermarks; None: equal to the stable offsets (no transaction open)."""
         self.committed = committed
         self.deleted: list[dict[int, int]] = []
 
@@ -86,6 +91,9 @@ class _Kafka:
 
     async def end_offsets(self, topic: str, count: int) -> list[int]:
         return self.ends[:count]
+
+    async def high_watermarks(self, topic: str, count: int) -> list[int]:
+        return (self.ends if self.highs is None else self.highs)[:count]
 
     async def committed_offsets(self, group: str, topic: str, count: int) -> dict[int, int]:
         return self.committed
@@ -157,3 +165,21 @@ async def test_changes_committed_while_the_round_waited_for_the_lock_make_it_dec
     kafka.committed = {0: 12, 1: 12, 2: 56}
     assert await _retirer(store, kafka).retire(TOPIC) == {2: RetirementAction.TRUNCATE}
     assert kafka.deleted == [{2: 56}]
+
+
+async def test_a_partition_with_a_transaction_still_open_is_neither_empty_nor_drained() -> None:
+    """A transaction left open (a failed warm-up's, a writer's outside the sidecars)
+    holds the stable offset at its first record: partition 2 of nothing but that
+    record looked empty, and was removed while records past it were still to be
+    committed and read."""
+    store = _Store(_shrunk())
+    kafka = _Kafka(ends=[10, 10, 0], committed={0: 10, 1: 10}, highs=[10, 10, 25])
+    assert await _retirer(store, kafka).retire(TOPIC) == {2: RetirementAction.KEEP}
+    kafka.ends, kafka.committed = [10, 10, 40], {0: 10, 1: 10, 2: 40}
+    kafka.highs = [10, 10, 41]
+    assert await _retirer(store, kafka).retire(TOPIC) == {2: RetirementAction.KEEP}
+    assert (kafka.deleted, store.written) == ([], [])
+    # Ended: decided on what is there.
+    kafka.highs = None
+    assert await _retirer(store, kafka).retire(TOPIC) == {2: RetirementAction.TRUNCATE}
+    assert kafka.deleted == [{2: 40}]
