@@ -39,8 +39,9 @@ class PartitionWarmer:
     ``ordered.warm`` header. They sit below the new partitions' first boundaries, where
     nothing is gated.
 
-    Best effort: a warm-up that fails or outlasts ``within_s`` is logged and the change
-    goes on (its first writes then wait as before). One transaction at a time, under a
+    Best effort: a warm-up that fails or outlasts ``within_s`` is logged, its transaction
+    aborted at once (``_abort_left_open``), and the change goes on (its first writes
+    then wait as before). One transaction at a time, under a
     transactional id of the coordinating sidecar's own that no lane uses.
     """
 
@@ -64,9 +65,7 @@ class PartitionWarmer:
             except (SidecarError, KafkaError, OSError, TimeoutError) as exc:
                 reason = exc.message if isinstance(exc, SidecarError) else repr(exc)
                 _log.info("warming partitions %s of %s: %s", list(partitions), topic, reason)
-                # Its transaction may still be open: the next warm-up starts a producer
-                # anew, whose initialisation aborts it.
-                await self._drop_producer()
+                await self._abort_left_open(topic)
                 return False
         took = asyncio.get_running_loop().time() - began
         _log.info("warmed partitions %s of %s in %.0f ms", list(partitions), topic, 1000 * took)
@@ -103,6 +102,32 @@ class PartitionWarmer:
         if failure is not None:
             raise failure  # the producer is dropped, which aborts the transaction
         await producer.abort_transaction()
+
+    async def _abort_left_open(self, topic: str) -> None:
+        """End the transaction a failed warm-up may have left open, at once.
+
+        Left open, it would hold the last stable offset of every partition it wrote to
+        at its record until the coordinator's transaction timeout: read-committed
+        consumers stop there, retirement would take such a partition for empty, and a
+        change reading boundaries would have to wait. The producer in doubt is dropped
+        (its pending batches sent or given up) and the id initialised anew, which aborts
+        whatever the old epoch left open and fences its late writes. Failing that (the
+        coordinator away too), the next warm-up's initialisation or the transaction
+        timeout ends it."""
+        await self._drop_producer()
+        try:
+            # Bounded by the request timeout (start_transactional_producer's own).
+            self._producer = await start_transactional_producer(
+                self._settings, self.transactional_id
+            )
+        except (SidecarError, KafkaError, OSError, TimeoutError) as exc:
+            reason = exc.message if isinstance(exc, SidecarError) else repr(exc)
+            _log.warning(
+                "the failed warm-up of %s may have left its transaction open until the "
+                "transaction timeout: %s",
+                topic,
+                reason,
+            )
 
     async def stop(self) -> None:
         async with self._lock:

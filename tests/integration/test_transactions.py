@@ -12,16 +12,25 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from aiokafka.errors import ProducerFenced as KafkaProducerFenced
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.sidecars import read_all
 from ordered_dev.harness.waiting import eventually
-from sidecar.adapters.kafka import KafkaGateway, OutgoingKafkaRecord, SendFailed, SentRecord
+from sidecar.adapters import partition_warmer
+from sidecar.adapters.kafka import (
+    KafkaGateway,
+    OutgoingKafkaRecord,
+    SendFailed,
+    SentRecord,
+    start_transactional_producer,
+)
+from sidecar.adapters.partition_warmer import PartitionWarmer
 from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.config import KafkaSettings
 
@@ -308,3 +317,53 @@ async def test_the_fence_aborts_an_open_transaction_and_the_stable_offset_passes
         with contextlib.suppress(KafkaProducerFenced):
             await zombie.stop()
     assert await _read_committed(cluster, topic, 0) == [b"live-1", b"live-2"]
+
+
+async def test_a_warm_up_that_fails_after_its_write_ends_its_transaction_at_once(
+    cluster: ClusterEndpoints, gateway: KafkaGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up wrote to both partitions, then its abort was lost. Its transaction
+    held the stable offsets at the warm-up's records until the transaction timeout (a
+    minute here): read-committed consumers stopped there, and retirement took such a
+    partition for empty while records past it were still to be read. Initialising the
+    id anew at once aborts it."""
+    topic = await _topic(gateway, cluster, partitions=3)
+    settings = KafkaSettings(
+        bootstrap_servers=cluster.kafka_bootstrap,
+        request_timeout_ms=10_000,
+        transaction_timeout_ms=60_000,
+    )
+    started: list[Any] = []
+
+    async def start_losing_the_first_abort(settings: KafkaSettings, transactional_id: str) -> Any:
+        producer = await start_transactional_producer(settings, transactional_id)
+        if not started:
+
+            async def abort_lost() -> None:
+                raise KafkaTimeoutError()
+
+            producer.abort_transaction = abort_lost
+        started.append(producer)
+        return producer
+
+    monkeypatch.setattr(
+        partition_warmer, "start_transactional_producer", start_losing_the_first_abort
+    )
+    warmer = PartitionWarmer(settings, f"test-{uuid.uuid4().hex[:8]}~warm", within_s=10)
+    try:
+        assert not await warmer.warm(topic, [1, 2])
+
+        async def no_transaction_open() -> bool:
+            stable = await gateway.end_offsets(topic, 3)
+            return stable == await gateway.high_watermarks(topic, 3)
+
+        # Bound: a quarter of the transaction timeout, which would have ended it too.
+        await eventually(no_transaction_open, 15, "the warm-up's transaction is aborted")
+        assert len(started) == 2
+        # The aborted record and its marker in each warmed partition; nothing readable.
+        assert await gateway.end_offsets(topic, 3) == [0, 2, 2]
+        assert await _read_committed(cluster, topic, 2) == []
+        # The fresh producer warms the next change as usual.
+        assert await warmer.warm(topic, [1])
+    finally:
+        await warmer.stop()

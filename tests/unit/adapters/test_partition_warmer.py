@@ -11,6 +11,7 @@ from aiokafka.errors import KafkaTimeoutError
 from sidecar.adapters import partition_warmer
 from sidecar.adapters.partition_warmer import PartitionWarmer
 from sidecar.config import KafkaSettings
+from sidecar.core.errors import KafkaUnavailable
 from tests.support.kafka_metadata import MetadataClient
 
 
@@ -54,16 +55,26 @@ class _WarmProducer:
 
 
 def _warmer(
-    monkeypatch: pytest.MonkeyPatch, producers: list[_WarmProducer], within_s: float = 5.0
-) -> PartitionWarmer:
+    monkeypatch: pytest.MonkeyPatch, producers: list[_WarmProducer | None], within_s: float = 5.0
+) -> _RecordingWarmer:
     started: list[str] = []
 
     async def start(settings: KafkaSettings, transactional_id: str) -> _WarmProducer:
         started.append(transactional_id)
-        return producers[len(started) - 1]
+        producer = producers[len(started) - 1]
+        if producer is None:
+            raise KafkaUnavailable("initialising transactional id: no answer")
+        return producer
 
     monkeypatch.setattr(partition_warmer, "start_transactional_producer", start)
-    return PartitionWarmer(KafkaSettings(retry_backoff_s=0.01), "sidecar.a~warm", within_s)
+    warmer = _RecordingWarmer(KafkaSettings(retry_backoff_s=0.01), "sidecar.a~warm", within_s)
+    warmer.started = started
+    return warmer
+
+
+class _RecordingWarmer(PartitionWarmer):
+    started: list[str]
+    """The transactional ids initialised, in order."""
 
 
 async def test_warming_writes_once_to_each_partition_and_aborts(
@@ -84,27 +95,47 @@ async def test_warming_writes_once_to_each_partition_and_aborts(
     assert not producer.stopped
 
 
-async def test_a_failed_warm_up_drops_its_producer_and_the_next_starts_anew(
+async def test_a_failed_warm_up_initialises_its_id_anew_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     failing, fresh = _WarmProducer(fail_partition=5), _WarmProducer()
     warmer = _warmer(monkeypatch, [failing, fresh])
     assert not await warmer.warm("orders", [4, 5])
-    # Never committed, and not aborted by a producer in doubt: dropped, so that the
-    # next one's initialisation of the id aborts whatever it left open.
+    # Not aborted by the producer in doubt: dropped, and the id initialised anew right
+    # away (the fresh producer's start), which aborts whatever the old epoch left open.
+    # Waiting for the next warm-up left it open until the transaction timeout.
     assert "abort" not in failing.calls
     assert failing.stopped
+    assert warmer.started == ["sidecar.a~warm", "sidecar.a~warm"]
+    assert fresh.calls == []
+    # The fresh producer is the next warm-up's.
     assert await warmer.warm("orders", [6])
     assert fresh.calls[-1] == "abort"
+    assert len(warmer.started) == 2
 
 
-async def test_a_warm_up_that_outlasts_its_bound_gives_up(
+async def test_a_warm_up_that_outlasts_its_bound_gives_up_and_ends_its_transaction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    stuck = _WarmProducer(hang=True)
-    warmer = _warmer(monkeypatch, [stuck], within_s=0.2)
+    stuck, fresh = _WarmProducer(hang=True), _WarmProducer()
+    warmer = _warmer(monkeypatch, [stuck, fresh], within_s=0.2)
     assert not await asyncio.wait_for(warmer.warm("orders", [4]), 5)
     assert stuck.stopped
+    assert len(warmer.started) == 2
+
+
+async def test_a_warm_up_whose_id_cannot_be_initialised_again_tries_at_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    failing, fresh = _WarmProducer(fail_partition=4), _WarmProducer()
+    warmer = _warmer(monkeypatch, [failing, None, fresh])
+    assert not await warmer.warm("orders", [4])
+    assert len(warmer.started) == 2
+    # The coordinator was away for the second initialisation too: the next warm-up's
+    # own initialisation aborts what was left.
+    assert await warmer.warm("orders", [6])
+    assert len(warmer.started) == 3
+    assert fresh.calls[-1] == "abort"
 
 
 async def test_warming_nothing_or_switched_off_starts_no_producer(
