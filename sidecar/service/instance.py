@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from sidecar.adapters.group_consumer import GroupConsumerOptions
 from sidecar.core.consume import ConsumedRecord, TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, SidecarError
 from sidecar.core.positions import Positions
+from sidecar.core.reading_start import EARLIEST, from_log_start
 from sidecar.service.consume_context import AppCallbacks, ConsumeContext, InstanceConsumer
 from sidecar.service.consume_state import ConsumeState
 from sidecar.service.fetcher import Fetcher
@@ -36,6 +38,8 @@ from sidecar.service.notices import AssignmentNotices
 from sidecar.service.offsets import Offsets
 from sidecar.service.release import PollResult, Release
 from sidecar.service.waits import GateWaits
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -387,6 +391,7 @@ class ConsumerInstance:
         consumer = self.state.consumer
         if consumer is not None:
             self.state.positions.follow(ordered, consumer.incarnation())
+            await self._begin_uncommitted_at_log_start(consumer, ordered)
         if self.state.notices.enabled:
             notice = await self.notices.tell_assigned(ordered)
             # A release under way took the queued notices before it looked at any
@@ -396,6 +401,62 @@ class ConsumerInstance:
                 if notice is not None:
                     self.state.notices.queue(notice)
                 self.state.notices.told_assigned(ordered)
+
+    async def _begin_uncommitted_at_log_start(
+        self, consumer: InstanceConsumer, partitions: Sequence[TopicPartition]
+    ) -> None:
+        """Begin each assigned partition of a managed topic that the group has no
+        commit for, while it has commits in the topic, at its log start
+        (``sidecar.core.reading_start``): a partition a change made since the group
+        began, whose records "latest" would skip.
+
+        In the rebalance listener, before the new assignment is fetched from: aiokafka
+        places its positions (the group's commits, or ``auto.offset.reset``) once the
+        listener has returned, and a seek made here comes first. If Kafka cannot say
+        (the commits or log starts not read), the setting places them, as before; that
+        is logged."""
+        if self.config.auto_offset_reset == EARLIEST:
+            return
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        for topic, assigned in sorted(by_topic.items()):
+            runtime = await self.context.registry.runtime(topic)
+            if runtime is None:
+                continue  # not managed: no change adds its partitions under the group
+            # The topic as last read may not show a partition a change just added yet.
+            count = max(len(runtime.state.modes), max(assigned) + 1)
+            try:
+                offsets = self.context.offsets
+                committed = await offsets.committed_offsets(self.state.group, topic, count)
+                begin = from_log_start(self.config.auto_offset_reset, assigned, committed)
+                if not begin:
+                    continue
+                log_start = await offsets.log_start_offsets(topic, count)
+            except SidecarError as exc:
+                _log.warning(
+                    "%s/%s: partitions %s of %s placed by auto.offset.reset %s: the group's "
+                    "commits could not be read (%s)",
+                    self.state.group,
+                    self.instance_id,
+                    assigned,
+                    topic,
+                    self.config.auto_offset_reset,
+                    exc.message,
+                )
+                continue
+            for partition in begin:
+                tp = TopicPartition(topic, partition)
+                consumer.seek(tp, log_start[partition])
+                self.state.positions.seek(tp, log_start[partition], consumer.incarnation())
+            _log.info(
+                "%s/%s: %s partitions %s begin at their log start: no commit of the group "
+                "there, which has commits in the topic",
+                self.state.group,
+                self.instance_id,
+                topic,
+                begin,
+            )
 
     def revoked(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)

@@ -91,8 +91,15 @@ class _Consumer:
 def _instance(consumer: _Consumer) -> tuple[ConsumerInstance, Any]:
     """A real instance over the fake consumer; returns it and the fake as the adapter."""
     config = InstanceConfig(group="g", name="i", format="binary")
+
+    async def unmanaged(topic: str) -> None:
+        return None
+
     context: Any = SimpleNamespace(
-        settings=ConsumerSettings(), store=SimpleNamespace(), metrics=fakes.Metrics()
+        settings=ConsumerSettings(),
+        store=SimpleNamespace(),
+        metrics=fakes.Metrics(),
+        registry=SimpleNamespace(runtime=unmanaged),
     )
     instance = ConsumerInstance(config, context, instance_key="s-i")
     fake: Any = consumer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.core.consume import TopicPartition
-from sidecar.core.errors import BadRequest, ConsumerStateConflict
+from sidecar.core.errors import BadRequest, ConsumerStateConflict, KafkaUnavailable
 from sidecar.core.generations import Boundary, GenerationLog
 from sidecar.core.handoff import AssignmentChange, AssignmentNotice
 from sidecar.core.placement import GENERATION_HEADER
@@ -341,3 +341,63 @@ async def test_a_rebalance_is_asked_only_of_subscribers_of_the_topic() -> None:
     assert not instance.rebalance_if_subscribed(["other"])
     assert instance.rebalance_if_subscribed(["t"])
     assert context.consumer.rejoins == 1
+
+
+async def test_a_partition_without_a_commit_of_a_group_reading_the_topic_begins_at_its_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Partition 1 came with an expansion after the group committed in partition 0:
+    "latest" would begin it at its end and skip what was written before this rebalance
+    (``sidecar.core.reading_start``). It begins at its log start; partition 0 at the
+    group's commit, as aiokafka places it."""
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5)))
+    context.offsets.committed[("g", "t")] = {0: 5}
+
+    async def log_starts(topic: str, count: int) -> list[int]:
+        return [3, 7][:count]
+
+    monkeypatch.setattr(context.offsets, "log_start_offsets", log_starts)
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0, TP1)
+    assert context.consumer.positions == {TP1: 7}
+    assert instance.partitions[TP1].fetched == 7
+
+
+async def test_a_group_new_to_the_topic_or_reading_from_earliest_is_placed_by_the_setting() -> None:
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5)))
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0, TP1)  # no commit of the group in the topic
+    assert context.consumer.positions == {}
+
+    context.offsets.committed[("g", "t")] = {0: 5}
+    config = InstanceConfig(group="g", name="e", format="binary", auto_offset_reset="earliest")
+    earliest = ConsumerInstance(config, context.build(), instance_key="s-e")
+    await earliest.subscribe(["t"], None)
+    await _assign(context, earliest, TP0, TP1)
+    assert context.consumer.positions == {}
+
+
+async def test_an_unmanaged_topic_is_placed_by_the_setting() -> None:
+    context = fakes.Context()
+    context.offsets.committed[("g", "t")] = {0: 5}
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0, TP1)
+    assert context.consumer.positions == {}
+
+
+async def test_commits_that_cannot_be_read_leave_the_placement_to_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    context = fakes.Context()
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5)))
+
+    async def away(group: str, topic: str, count: int) -> dict[int, int]:
+        raise KafkaUnavailable("coordinator away")
+
+    monkeypatch.setattr(context.offsets, "committed_offsets", away)
+    instance = await _subscribed(context)
+    await _assign(context, instance, TP0, TP1)  # logged; the rebalance goes on
+    assert context.consumer.positions == {}
+    assert instance.partitions[TP1] is not None
