@@ -29,13 +29,7 @@ async def _read_until(
         assert asyncio.get_running_loop().time() < deadline, {
             key: sorted(want[key] - set(got[key])) for key in want if want[key] - set(got[key])
         }
-        records, events = await consumer.poll(300)
-        if events:
-            await consumer.ack(*[e["event_id"] for e in events])
-        if records:
-            status, answer = await consumer.commit()
-            assert status in (200, 204) or answer["error_code"] == 40940, answer
-        for record in records:
+        for record in await consumer.poll_and_commit(300):
             key = json.loads(b64decode(record["key"]))
             got[key].append(json.loads(b64decode(record["value"])))
     return got
