@@ -11,8 +11,9 @@ The kinds (see docs/audit.md for the reasoning):
                             group read past its offset in that partition
 ``duplicate``               a record (topic, partition, offset) delivered to the group
                             more than once; ``detail`` says whether the re-delivery came
-                            from the same consumer instance, after a restart, or after a
-                            rebalance to another instance
+                            from the same consumer instance in one assignment, after a
+                            restart, or after a rebalance (to another instance, or back
+                            to the same one)
 ``nonmonotonic``            within a group, a (producer, key)'s producer_seq went
                             backwards in delivery order (re-deliveries of seqs already
                             delivered are ignored)
@@ -264,7 +265,7 @@ def duplicates(events: DataFrame) -> DataFrame:
     )
     first = [
         F.first(name).over(same_record).alias(f"first_{name}")
-        for name in ("time", "sidecar", "incarnation", "instance")
+        for name in ("time", "sidecar", "incarnation", "instance", "assignment")
     ]
     ranked = deliveries.select("*", F.row_number().over(same_record).alias("nth"), *first)
     again = ranked.where(F.col("nth") > 1)
@@ -272,6 +273,10 @@ def duplicates(events: DataFrame) -> DataFrame:
         (F.col("sidecar") == F.col("first_sidecar"))
         & (F.col("incarnation") == F.col("first_incarnation"))
         & (F.col("instance") == F.col("first_instance"))
+        # The same instance in a later assignment got it back through a rebalance (its
+        # commit before the rebalance did not land: the coordinator moved, say). Older
+        # sidecars' events do not say: counted as the same instance, as before.
+        & ~F.coalesce(F.col("assignment") != F.col("first_assignment"), F.lit(False))
     )
     # The log was cut below what the group had read and then wrote other records at
     # those offsets: delivering those is not delivering a record again.

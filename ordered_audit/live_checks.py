@@ -99,6 +99,7 @@ EVENT_FIELDS: dict[str, str] = {
     "producer": _STRING,
     "producer_seq": _LONG,
     "ordered": _BOOLEAN,
+    "assignment": _LONG,
     "group": _STRING,
     "instance": _STRING,
     "evidence": _EVIDENCE,

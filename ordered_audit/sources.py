@@ -60,6 +60,9 @@ EVENT_SCHEMA = StructType(
         # delivered: whether the topic promises per-key order (absent from older
         # sidecars' events: it did, as far as they said).
         StructField("ordered", BooleanType()),
+        # delivered: the consuming instance's assignment (absent from older sidecars'
+        # events: unknown).
+        StructField("assignment", LongType()),
         StructField("group", StringType()),
         StructField("instance", StringType()),
         StructField("evidence", ArrayType(EVIDENCE_SCHEMA)),

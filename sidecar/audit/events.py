@@ -105,9 +105,13 @@ def delivered(
     key: bytes | None,
     headers: Sequence[Header],
     ordered: bool = True,
+    assignment: int | None = None,
 ) -> Event:
     """``ordered``: whether the topic promises per-key order (a managed topic with
-    ordered delivery); the audit checks order only where it does."""
+    ordered delivery); the audit checks order only where it does. ``assignment``: which
+    of the instance's assignments the record was read in (its consumer's count, new at
+    every rebalance): a record delivered again by the same instance in a later one came
+    again through a rebalance, as at-least-once allows, not through a seek or a bug."""
     stamp = record_stamp(headers)
     return {
         "type": "delivered",
@@ -121,6 +125,7 @@ def delivered(
         "producer": None if stamp is None else stamp.sidecar,
         "producer_seq": None if stamp is None else stamp.sequence,
         "ordered": ordered,
+        "assignment": assignment,
     }
 
 

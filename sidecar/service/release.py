@@ -336,6 +336,10 @@ class Release:
             return
         rate = self.context.audit_sample_rate
         topics = self.context.registry.topics
+        # Records are released only in the assignment they were fetched in (a rebalance
+        # ends every reading of the one before).
+        consumer = self.state.consumer
+        assignment = None if consumer is None else consumer.incarnation()
         for record in result.records:
             if not key_sampled(record.key, rate):
                 continue
@@ -353,6 +357,7 @@ class Release:
                     key=record.key,
                     headers=record.headers,
                     ordered=ordered,
+                    assignment=assignment,
                 )
             )
 

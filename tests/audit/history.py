@@ -107,8 +107,10 @@ class History:
         instance: str = "c1",
         sidecar: str = CONSUMER,
         ordered: bool | None = True,
+        assignment: int | None = None,
     ) -> None:
-        """``ordered`` None: the event of an older sidecar, without the field."""
+        """``ordered`` None: the event of an older sidecar, without the field;
+        ``assignment``: the instance's assignment (None: not said)."""
         event = audit_events.delivered(
             group=group,
             instance=instance,
@@ -118,6 +120,7 @@ class History:
             key=record.key,
             headers=record.headers(),
             ordered=bool(ordered),
+            assignment=assignment,
         )
         if ordered is None:
             del event["ordered"]

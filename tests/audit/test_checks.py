@@ -145,6 +145,33 @@ def test_duplicates_are_found_and_told_apart_by_cause(spark: SparkSession) -> No
     }
 
 
+def test_the_same_instance_in_a_later_assignment_got_a_record_again_by_a_rebalance(
+    spark: SparkSession,
+) -> None:
+    """Its commit before the rebalance did not land (the group's coordinator moved), and
+    the partition came back to it: at-least-once, not a seek or a bug. Within one
+    assignment, or from a sidecar whose events do not say, it is the same instance's."""
+    history = History()
+    rebalanced, sought, older = (history.produce(key, 0, 2) for key in KEYS[:3])
+    history.deliver(rebalanced, assignment=1)
+    history.deliver(rebalanced, assignment=2)
+    history.deliver(sought, assignment=2)
+    history.deliver(sought, assignment=2)
+    history.deliver(older)
+    history.deliver(older)
+    rows = [
+        row.asDict()
+        for row in checks.duplicates(frame(spark, Scenario(history, [], [], 0))).collect()
+    ]
+    assert sorted((r["offset"], r["partition"], r["detail"]) for r in rows) == sorted(
+        [
+            (rebalanced.offset, rebalanced.partition, checks.REBALANCE),
+            (sought.offset, sought.partition, checks.SAME_INSTANCE),
+            (older.offset, older.partition, checks.SAME_INSTANCE),
+        ]
+    )
+
+
 def test_an_ungated_consumer_delivers_the_moved_keys_out_of_order(spark: SparkSession) -> None:
     scenario = written()
     history = scenario.history

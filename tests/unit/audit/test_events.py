@@ -91,6 +91,7 @@ def test_delivered_traces_the_record_by_its_stamp_in_either_header_format(
         "producer": "sidecar-b",
         "producer_seq": 123,
         "ordered": True,
+        "assignment": None,
     }
 
 
