@@ -134,6 +134,11 @@ class ConsumerSettings:
     rebalance of the groups reading it (each rebalance pauses the whole group)."""
     revoke_ack_wait_s: float = 10.0
     """How long a rebalance waits for the app to acknowledge keys_revoked events."""
+    reading_start_wait_s: float = 5.0
+    """How long a rebalance of a "latest" or "none" instance waits to read the group's
+    commits and the log starts of a managed topic, to begin a partition a change made
+    at its log start (``sidecar.core.reading_start``); past it, ``auto.offset.reset``
+    places the partitions (logged). The rebalance waits meanwhile."""
     fetch_grace_s: float = 0.05
     """How much longer than its own timeout a poll waits for the Kafka fetch."""
     callback_retry_s: float = 0.2

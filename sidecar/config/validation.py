@@ -116,6 +116,7 @@ def _validate_consumer(values: ConsumerSettings) -> None:
         "auto_commit_interval_s",
         "metadata_max_age_ms",
         "revoke_ack_wait_s",
+        "reading_start_wait_s",
         "rebalance_window_s",
         "callback_retry_s",
         "instance_idle_timeout_s",

@@ -427,22 +427,24 @@ class ConsumerInstance:
             # The topic as last read may not show a partition a change just added yet.
             count = max(len(runtime.state.modes), max(assigned) + 1)
             try:
-                offsets = self.context.offsets
-                committed = await offsets.committed_offsets(self.state.group, topic, count)
-                begin = from_log_start(self.config.auto_offset_reset, assigned, committed)
-                if not begin:
-                    continue
-                log_start = await offsets.log_start_offsets(topic, count)
-            except SidecarError as exc:
+                # Bounded: the whole group's rebalance waits for this listener.
+                async with asyncio.timeout(self.context.settings.reading_start_wait_s):
+                    offsets = self.context.offsets
+                    committed = await offsets.committed_offsets(self.state.group, topic, count)
+                    begin = from_log_start(self.config.auto_offset_reset, assigned, committed)
+                    if not begin:
+                        continue
+                    log_start = await offsets.log_start_offsets(topic, count)
+            except (SidecarError, TimeoutError) as exc:
                 _log.warning(
                     "%s/%s: partitions %s of %s placed by auto.offset.reset %s: the group's "
-                    "commits could not be read (%s)",
+                    "commits or the log starts could not be read (%s)",
                     self.state.group,
                     self.instance_id,
                     assigned,
                     topic,
                     self.config.auto_offset_reset,
-                    exc.message,
+                    exc.message if isinstance(exc, SidecarError) else "timed out",
                 )
                 continue
             for partition in begin:

@@ -3,8 +3,11 @@ rebalance handler, polls through the gate, commits and seeks. No cluster."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from sidecar.config import ConsumerSettings
 from sidecar.core.consume import TopicPartition
 from sidecar.core.errors import BadRequest, ConsumerStateConflict, KafkaUnavailable
 from sidecar.core.generations import Boundary, GenerationLog
@@ -401,3 +404,22 @@ async def test_commits_that_cannot_be_read_leave_the_placement_to_the_setting(
     await _assign(context, instance, TP0, TP1)  # logged; the rebalance goes on
     assert context.consumer.positions == {}
     assert instance.partitions[TP1] is not None
+
+
+async def test_commits_that_do_not_come_within_the_bound_leave_the_placement_to_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The group's whole rebalance waits for the listener: a coordinator that does not
+    answer holds it no longer than ``consumer.reading_start_wait_s``."""
+    context = fakes.Context()
+    context.settings = ConsumerSettings(reading_start_wait_s=0.05)
+    context.registry = fakes.Registry(fakes.runtime("t", fakes.expanded_log(5)))
+
+    async def silent(group: str, topic: str, count: int) -> dict[int, int]:
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    monkeypatch.setattr(context.offsets, "committed_offsets", silent)
+    instance = await _subscribed(context)
+    await asyncio.wait_for(_assign(context, instance, TP0, TP1), 5)
+    assert context.consumer.positions == {}
