@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -328,11 +329,7 @@ async def test_a_warm_up_that_fails_after_its_write_ends_its_transaction_at_once
     partition for empty while records past it were still to be read. Initialising the
     id anew at once aborts it."""
     topic = await _topic(gateway, cluster, partitions=3)
-    settings = KafkaSettings(
-        bootstrap_servers=cluster.kafka_bootstrap,
-        request_timeout_ms=10_000,
-        transaction_timeout_ms=60_000,
-    )
+    settings = dataclasses.replace(_settings(cluster), transaction_timeout_ms=60_000)
     started: list[Any] = []
 
     async def start_losing_the_first_abort(settings: KafkaSettings, transactional_id: str) -> Any:
