@@ -354,7 +354,7 @@ class ProduceService:
         self, topic: str, request: ProduceRequest, partition: int | None
     ) -> ProduceOutcome:
         """A plain proxy: Kafka's default partitioner (murmur2, as the Java client)."""
-        count = await self.kafka.partition_count(topic)
+        count = await self.kafka.routing_partition_count(topic)
         results: list[ProduceResult | None] = [None] * len(request.records)
         outgoing: list[OutgoingKafkaRecord] = []
         owners: list[int] = []

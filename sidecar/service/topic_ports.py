@@ -105,11 +105,12 @@ class RegistryStore(ProducerRegistration, Protocol):
 
 
 class ProduceKafka(Protocol):
-    """What the produce service asks of Kafka itself, for unmanaged topics: their
-    partition count, and idempotent sends (managed topics go through the registry's
-    transactional writer)."""
+    """What the produce service asks of Kafka itself, for unmanaged topics: the
+    partition count to route keyed records by (a plain producer's, from its metadata),
+    and idempotent sends (managed topics go through the registry's transactional
+    writer)."""
 
-    async def partition_count(self, topic: str) -> int: ...
+    async def routing_partition_count(self, topic: str) -> int: ...
 
     async def send_batch(
         self, topic: str, records: Sequence[OutgoingKafkaRecord]

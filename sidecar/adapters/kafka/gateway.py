@@ -107,6 +107,9 @@ class KafkaGateway:
     ) -> list[SentRecord | SendFailed]:
         return await self._writes.send_batch(topic, records)
 
+    async def routing_partition_count(self, topic: str) -> int:
+        return await self._writes.routing_partition_count(topic)
+
     # ``timeout`` bounds a polling loop over shared metadata; nothing to cancel.
     async def wait_for_partition_count(
         self,

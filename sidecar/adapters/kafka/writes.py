@@ -123,6 +123,24 @@ class KafkaWrites:
             await asyncio.wait(pending, timeout=self._timeout_s)
         return [self._outcome(d) for d in deliveries]
 
+    async def routing_partition_count(self, topic: str) -> int:
+        """The partition count a plain Kafka producer routes ``topic``'s keyed records by:
+        the one in the producer's metadata, which its client refreshes every
+        ``metadata_max_age_ms``, as the Java producer's partitioner does.
+
+        A metadata request per produce request cost an unmanaged produce a broker round
+        trip and ~5 % of the sidecar's CPU (``bench/README.md``). A topic the producer
+        does not know yet is asked of ``admin`` (which never creates it) and added to
+        the producer's metadata. Raises UnknownTopic, KafkaUnavailable, KafkaFailure.
+        """
+        client = self._require().producer.client
+        known = client.cluster.partitions_for_topic(topic)
+        if known:
+            return len(known)
+        count = await self._admin.partition_count(topic)
+        client.add_topic(topic)
+        return count
+
     # ``timeout`` bounds a polling loop over shared metadata; nothing to cancel.
     async def wait_for_partition_count(
         self,

@@ -117,6 +117,7 @@ async def test_each_call_is_handed_to_its_component_as_given() -> None:
         await gateway.epoch_end_offsets("t", {0: 4}),
         await gateway.send("t", 2, b"k", None, [("h", b"1")]),
         await gateway.send_batch("t", [record]),
+        await gateway.routing_partition_count("t"),
     ]
     assert all(answer is ANSWER for answer in answers)
     await gateway.fence_producer("ordered-host-1-0")
@@ -128,5 +129,6 @@ async def test_each_call_is_handed_to_its_component_as_given() -> None:
     assert write_calls == [
         ("send", ("t", 2, b"k", None, [("h", b"1")]), {}),
         ("send_batch", ("t", [record]), {}),
+        ("routing_partition_count", ("t",), {}),
         ("fence_producer", ("ordered-host-1-0",), {}),
     ]

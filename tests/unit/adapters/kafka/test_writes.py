@@ -11,7 +11,7 @@ import gc
 import inspect
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiokafka.errors import (
@@ -27,7 +27,7 @@ from aiokafka.producer import sender as aiokafka_sender
 
 from sidecar.adapters.kafka import SendFailed, set_transaction_poll
 from sidecar.adapters.kafka.admin import KafkaAdmin
-from sidecar.adapters.kafka.clients import ConnectionState
+from sidecar.adapters.kafka.clients import ConnectionState, _Clients
 from sidecar.adapters.kafka.writes import (
     KafkaWrites,
     OutgoingKafkaRecord,
@@ -37,7 +37,7 @@ from sidecar.adapters.kafka.writes import (
     sent_record,
 )
 from sidecar.config import KafkaSettings
-from sidecar.core.errors import KafkaUnavailable
+from sidecar.core.errors import KafkaUnavailable, UnknownTopic
 
 
 @pytest.fixture
@@ -258,3 +258,53 @@ async def test_partitions_never_shown_are_unavailable_after_the_timeout() -> Non
     with pytest.raises(KafkaUnavailable, match="the metadata does not show 6 partitions of orders"):
         await await_partition_count(client, "orders", 6, 0.05, backoff_s=0.01)
     assert client.refreshes >= 2
+
+
+# The partition count an unmanaged topic is routed by ---------------------------------------
+
+
+class _CountingAdmin:
+    """KafkaAdmin's partition count, answered from ``counts``, each question recorded."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+        self.asked: list[str] = []
+
+    async def partition_count(self, topic: str) -> int:
+        self.asked.append(topic)
+        if topic not in self.counts:
+            raise UnknownTopic(f"topic {topic} does not exist")
+        return self.counts[topic]
+
+
+def _writes_over(client: _MetadataClient, admin: _CountingAdmin) -> KafkaWrites:
+    connection = ConnectionState()
+    connection.clients = _Clients(
+        producer=SimpleNamespace(client=client), admin=None, consumer=None
+    )
+    return KafkaWrites(KafkaSettings(), connection, cast(KafkaAdmin, admin))
+
+
+async def test_a_topic_in_the_producers_metadata_is_routed_by_its_count_without_a_request() -> None:
+    admin = _CountingAdmin({"plain": 9})
+    writes = _writes_over(_MetadataClient([5]), admin)
+    assert await writes.routing_partition_count("plain") == 5
+    assert await writes.routing_partition_count("plain") == 5
+    assert admin.asked == []
+
+
+async def test_a_topic_the_producer_does_not_know_is_asked_of_kafka_and_followed() -> None:
+    client = _MetadataClient([0])
+    admin = _CountingAdmin({"plain": 4})
+    writes = _writes_over(client, admin)
+    assert await writes.routing_partition_count("plain") == 4
+    assert admin.asked == ["plain"]
+    assert client.topics == ["plain"]  # later requests read the producer's metadata
+
+
+async def test_a_topic_kafka_does_not_have_is_unknown_and_not_followed() -> None:
+    client = _MetadataClient([0])
+    writes = _writes_over(client, _CountingAdmin({}))
+    with pytest.raises(UnknownTopic, match="topic plain does not exist"):
+        await writes.routing_partition_count("plain")
+    assert client.topics == []
