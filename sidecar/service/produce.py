@@ -44,7 +44,6 @@ from sidecar.core.placement import (
     RELOCATION_HEADER,
     HeaderFormat,
     place_record,
-    record_stamp,
     relocation_sources,
     require_key_for_tombstone,
     sidecar_headers,
@@ -186,6 +185,9 @@ class ProduceService:
         results: list[ProduceResult | None] = [None] * len(request.records)
         outgoing: list[OutgoingKafkaRecord] = []
         owners: list[int | None] = []  # request index of each outgoing record, None: tombstone
+        # The stamp's sequence of each outgoing record, kept rather than parsed back
+        # from its headers for the audit and for failed sends.
+        sequences: list[int] = []
         for index, record in enumerate(request.records):
             try:
                 require_key_for_tombstone(record.key, record.value, index)
@@ -204,15 +206,18 @@ class ProduceService:
                     log=state.log, modes=state.modes, key=record.key, partition=target
                 ):
                     if self._first_tombstone(record.key, runtime.name, source, generation.number):
-                        outgoing.append(self._tombstone(runtime, source, record.key))
+                        sequence = next(self._sequence)
+                        outgoing.append(self._tombstone(runtime, source, record.key, sequence))
                         owners.append(None)
+                        sequences.append(sequence)
+            sequence = next(self._sequence)
             headers = [
                 *record.headers,
                 *sidecar_headers(
                     generation.number,
                     generation.undeleted_count,
                     self.sidecar_id,
-                    next(self._sequence),
+                    sequence,
                     self.header_format,
                 ),
             ]
@@ -220,6 +225,7 @@ class ProduceService:
                 OutgoingKafkaRecord(target, record.key, record.value, headers, record.timestamp_ms)
             )
             owners.append(index)
+            sequences.append(sequence)
         if outgoing:
             runtime.participant = runtime.participant.send_started(len(outgoing))
         if on_sent is not None:
@@ -228,15 +234,20 @@ class ProduceService:
             on_sent()
         written = await self._write(runtime.name, outgoing)
         sent = written.outcomes
-        self._settle_batch(runtime, outgoing, written)
-        for sent_record, owner, outcome in zip(outgoing, owners, sent, strict=True):
+        self._settle_batch(runtime, sequences, written)
+        audited = self.registry.audit.enabled
+        for sent_record, owner, sequence, outcome in zip(
+            outgoing, owners, sequences, sent, strict=True
+        ):
             if owner is None:
                 if isinstance(outcome, SentRecord):
                     self.metrics.relocation_tombstones.labels(runtime.name).inc()
                 continue
             results[owner] = _result(outcome)
-            if isinstance(outcome, SentRecord) and key_sampled(
-                sent_record.key, self.settings.audit.sample_rate
+            if (
+                audited
+                and isinstance(outcome, SentRecord)
+                and key_sampled(sent_record.key, self.settings.audit.sample_rate)
             ):
                 self.registry.audit.emit(
                     audit_events.produce_acked(
@@ -247,7 +258,7 @@ class ProduceService:
                         generation=generation.number,
                         count=generation.undeleted_count,
                         producer=self.sidecar_id,
-                        producer_seq=_sequence_of(sent_record),
+                        producer_seq=sequence,
                     )
                 )
         await self.registry.maybe_ack_barrier(runtime)
@@ -260,14 +271,16 @@ class ProduceService:
             [r for r in results if r is not None], generation.number, generation.undeleted_count
         )
 
-    def _tombstone(self, runtime: TopicRuntime, partition: int, key: bytes) -> OutgoingKafkaRecord:
+    def _tombstone(
+        self, runtime: TopicRuntime, partition: int, key: bytes, sequence: int
+    ) -> OutgoingKafkaRecord:
         generation = runtime.state.current
         headers = [
             *sidecar_headers(
                 generation.number,
                 generation.undeleted_count,
                 self.sidecar_id,
-                next(self._sequence),
+                sequence,
                 self.header_format,
             ),
             (RELOCATION_HEADER, b"1"),
@@ -301,19 +314,19 @@ class ProduceService:
     def _settle_batch(
         self,
         runtime: TopicRuntime,
-        records: list[OutgoingKafkaRecord],
+        sequences: list[int],
         written: WriteResult,
     ) -> None:
-        """Tell the participant how the sends ended: one update for all acknowledged."""
+        """Tell the participant how the sends ended: one update for all acknowledged.
+        ``sequences``: each record's stamp sequence, its send id."""
         highest: dict[int, int] = {}
         acknowledged = 0
         uncertain: list[int] = []
-        for record, outcome in zip(records, written.outcomes, strict=True):
+        for send_id, outcome in zip(sequences, written.outcomes, strict=True):
             if isinstance(outcome, SentRecord):
                 acknowledged += 1
                 highest[outcome.partition] = max(highest.get(outcome.partition, -1), outcome.offset)
                 continue
-            send_id = _sequence_of(record)
             runtime.participant = runtime.participant.send_failed(
                 send_id, maybe_appended=outcome.maybe_appended
             )
@@ -322,12 +335,12 @@ class ProduceService:
         if acknowledged:
             runtime.participant = runtime.participant.sends_acknowledged(highest, acknowledged)
         if uncertain:
-            self.registry.spawn(self._settle_uncertain(runtime, records, written, uncertain))
+            self.registry.spawn(self._settle_uncertain(runtime, sequences, written, uncertain))
 
     async def _settle_uncertain(
         self,
         runtime: TopicRuntime,
-        records: list[OutgoingKafkaRecord],
+        sequences: list[int],
         written: WriteResult,
         send_ids: list[int],
     ) -> None:
@@ -340,8 +353,8 @@ class ProduceService:
         """
         final = await written.final
         landed = {
-            _sequence_of(record): (outcome.partition, outcome.offset)
-            for record, outcome in zip(records, final, strict=True)
+            sequence: (outcome.partition, outcome.offset)
+            for sequence, outcome in zip(sequences, final, strict=True)
             if isinstance(outcome, SentRecord)
         }
         for send_id in send_ids:
@@ -411,13 +424,6 @@ def _identity_refusal(outcomes: list[Outcome]) -> KafkaAuthenticationFailed | No
     if len(refused) < len(outcomes):
         return None
     return KafkaAuthenticationFailed(refused[0].message)
-
-
-def _sequence_of(record: OutgoingKafkaRecord) -> int:
-    stamp = record_stamp(record.headers)
-    if stamp is None:
-        raise AssertionError("a managed record without the sidecar's stamp")
-    return stamp.sequence
 
 
 def _hold_reason(participant: Participant) -> str:
