@@ -934,9 +934,15 @@ async def run(
                         print(f"  Java: {result.java.per_second:,.0f} records/s", flush=True)
                 if profile is not None:
                     workload = make_workload(plan.sizes[0], plan.batch)
-                    print(f"profiling the sidecar into {profile}", flush=True)
-                    profiled = await profile_sidecar(sidecar, managed, workload, plan, profile)
-                    print(f"  (profiled run: {profiled.per_second:,.0f} records/s)", flush=True)
+                    # The unmanaged phase is the HTTP edge alone, which every managed
+                    # request pays as well.
+                    for topic, output in (
+                        (managed, profile),
+                        (passed_through, profile.with_name(profile.name + ".unmanaged")),
+                    ):
+                        print(f"profiling the sidecar into {output}", flush=True)
+                        profiled = await profile_sidecar(sidecar, topic, workload, plan, output)
+                        print(f"  (profiled run: {profiled.per_second:,.0f} records/s)", flush=True)
         finally:
             await producer.stop()
             await writer.stop()
@@ -1234,7 +1240,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="short phases, one round, no Java")
     parser.add_argument("--no-java", action="store_true", help="skip Kafka's ProducerPerformance")
     parser.add_argument(
-        "--profile", type=Path, help="also record the sidecar with py-spy (raw stacks) to FILE"
+        "--profile",
+        type=Path,
+        help="also record the sidecar with py-spy (raw stacks) to FILE (managed topic) and "
+        "FILE.unmanaged",
     )
     parser.add_argument(
         "--only",
