@@ -55,8 +55,11 @@ from sidecar.adapters.kafka import (
     OutgoingKafkaRecord,
     SendFailed,
     SentRecord,
+    add_partitions_ahead,
     await_partition_count,
     enqueue,
+    in_transaction,
+    ready_to_begin,
     refused_identity,
     sent_record,
     start_transactional_producer,
@@ -133,6 +136,9 @@ class _Lane:
     producer: Any = None
     ending: asyncio.Task[bool] | None = None
     """The end (commit or abort) of its last transaction, while that runs."""
+    begun_ahead: bool = False
+    """Its next transaction was begun while the lane before it appended, to add the
+    partitions of the requests queued meanwhile ahead of their records."""
 
 
 class TransactionalWriter:
@@ -149,6 +155,15 @@ class TransactionalWriter:
       appended, so within a partition the offsets follow the order of admission;
     * a transaction commits only after the previous one committed. If one fails, every
       later one is aborted: nothing is acknowledged after a record that was not.
+
+    While a transaction's records are appended, the next lane's transaction is begun and
+    the partitions of the requests queued meanwhile are added to it (AddPartitionsToTxn)
+    before their records are sent: that round trip, and the polls while the coordinator
+    still writes the lane's previous markers, no longer come before the records' produce
+    request. Every partition added belongs to a request that is queued, admitted in the
+    current generation and counted in flight until answered, so the markers written
+    there land before any boundary a change reads (but for a request withdrawn after
+    twice the request timeout, whose partition then holds one marker more).
 
     ``start`` before use (it initialises every id, which fences any earlier producer of
     them), ``stop`` at the end. ``on_fenced`` is called once, on the event loop, when an
@@ -187,6 +202,11 @@ class TransactionalWriter:
         until the writer is replaced (its ids re-initialised with working ones)."""
         self.transactions = 0
         """Transactions committed so far."""
+        self._ahead: _Lane | None = None
+        """The lane whose transaction was begun ahead (``_begin_ahead``) and is not
+        appended yet: requests queued now have their partitions added to it."""
+        self.partitions_added_ahead = 0
+        """Partitions asked to be added to a transaction before their records."""
 
     @property
     def fenced(self) -> bool:
@@ -227,7 +247,10 @@ class TransactionalWriter:
             ending.cancel()
         await asyncio.gather(*endings, return_exceptions=True)
         self._fail_queued("the sidecar is shutting down")
+        self._ahead = None
         for lane in self._lanes:
+            if lane.begun_ahead:
+                await self._abort_begun_ahead(lane)
             await self._close_producer(lane)
 
     async def write(self, topic: str, records: Sequence[OutgoingKafkaRecord]) -> WriteResult:
@@ -248,6 +271,8 @@ class TransactionalWriter:
             return WriteResult(request.answer.result(), request.final)
         self._queue.append(request)
         self._wakeup.set()
+        if self._ahead is not None:
+            self._add_ahead(self._ahead, request)
         await asyncio.wait({request.answer}, timeout=2 * self._timeout_s)
         if not request.answer.done():
             waited = f"{2 * self._timeout_s:g} s"
@@ -276,6 +301,8 @@ class TransactionalWriter:
                     await asyncio.wait({lane.ending})  # one transaction per id at a time
                 if self._queue and not self._failed:
                     group, self._queue = self._queue, []
+                    # Requests queued from now on go to the transaction after this one.
+                    self._ahead = None
                     group = await self._with_known_partitions(group)
                     if group:
                         await self._append(lane, group)
@@ -346,12 +373,20 @@ class TransactionalWriter:
         """Begin a transaction on ``lane`` with ``group``'s records and wait until they are
         appended; then leave its commit to a task of its own (``_end``)."""
         deliveries: list[list[Any]] = []
+        begun, lane.begun_ahead = lane.begun_ahead, False
         try:
-            await lane.producer.begin_transaction()
+            if begun and not in_transaction(lane.producer):
+                # Adding a partition ahead met an error (a refused ACL): end what was
+                # begun, so that the records meet the error as they would have.
+                await lane.producer.abort_transaction()
+                begun = False
+            if not begun:
+                await lane.producer.begin_transaction()
             for request in group:
                 deliveries.append(
                     [await enqueue(lane.producer, request.topic, r) for r in request.records]
                 )
+            await self._begin_ahead()
             # The commit is asked for only once every batch is appended: aiokafka sends a
             # requested commit as soon as the pending batches are appended, also after the
             # caller gave up waiting (seen: records of a commit that had timed out,
@@ -375,6 +410,47 @@ class TransactionalWriter:
             self._end(lane, group, deliveries, previous)
         )
         self._next_lane = (self._next_lane + 1) % len(self._lanes)
+
+    async def _begin_ahead(self) -> None:
+        """Begin the next lane's transaction while this one's records are appended, and
+        add the partitions of the requests queued so far to it.
+
+        Only when that lane's last transaction has ended (one transaction per id at a
+        time). A failure is left to the lane's own turn, which meets it again."""
+        if len(self._lanes) < 2 or self._failed or self._stopping:
+            return
+        lane = self._lanes[(self._next_lane + 1) % len(self._lanes)]
+        if lane.producer is None or lane.begun_ahead:
+            return
+        if lane.ending is not None and not lane.ending.done():
+            return
+        if not ready_to_begin(lane.producer):
+            return  # it would wait (for a producer id): this transaction's records must not
+        try:
+            await lane.producer.begin_transaction()
+        except Exception as exc:  # the producer is in no state to begin: its turn will say
+            _log.debug("%s: no transaction begun ahead: %s", lane.transactional_id, exc)
+            return
+        lane.begun_ahead = True
+        self._ahead = lane
+        for request in self._queue:
+            self._add_ahead(lane, request)
+
+    def _add_ahead(self, lane: _Lane, request: _Request) -> None:
+        partitions = {record.partition for record in request.records}
+        self.partitions_added_ahead += add_partitions_ahead(
+            lane.producer, request.topic, partitions
+        )
+
+    async def _abort_begun_ahead(self, lane: _Lane) -> None:
+        """End a transaction begun ahead whose records never came (the writer stops):
+        its markers are written now, not when the transaction times out."""
+        lane.begun_ahead = False
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await lane.producer.abort_transaction()
+        except Exception as exc:  # fenced, or the cluster away: the timeout aborts it
+            _log.info("aborting %s's transaction begun ahead: %s", lane.transactional_id, exc)
 
     async def _end(
         self,

@@ -129,6 +129,9 @@ async def test_transactions_taking_turns_over_lanes_keep_the_order_of_admission(
     outcomes = [result.outcomes[0] for result in (*alone, *many)]
     assert all(isinstance(outcome, SentRecord) for outcome in outcomes), outcomes
     assert writer.transactions == 6 + MANY
+    # The writes queued while the one before was appended had their partitions added to
+    # their transaction ahead of their records: the order below holds with that too.
+    assert writer.partitions_added_ahead > 0
     for partition in (0, 1):
         offsets = [
             o.offset for o in outcomes if isinstance(o, SentRecord) and o.partition == partition

@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import BrokerResponseError, KafkaError
 from aiokafka.producer import sender as aiokafka_sender
+from aiokafka.producer.transaction_manager import TransactionState
 
 from sidecar.adapters.kafka.admin import KafkaAdmin
 from sidecar.adapters.kafka.clients import ConnectionState, _Clients, _close_all, client_settings
@@ -304,6 +305,46 @@ def set_transaction_poll(poll_ms: float) -> None:
     process polls at the last value set. ``tests/unit/adapters/kafka/test_writes.py``
     checks that aiokafka still reads the constant there."""
     aiokafka_sender.BACKOFF_OVERRIDE = poll_ms / 1000
+
+
+def ready_to_begin(producer: Any) -> bool:
+    """Whether a transactional producer can begin a transaction without waiting: it has
+    its producer id, and no transaction is open or ending."""
+    manager = producer._txn_manager
+    return (
+        manager is not None and bool(manager.has_pid()) and manager.state is TransactionState.READY
+    )
+
+
+def in_transaction(producer: Any) -> bool:
+    """Whether a transactional producer's transaction is open and has met no error."""
+    manager = producer._txn_manager
+    return manager is not None and bool(manager.is_in_transaction())
+
+
+def add_partitions_ahead(producer: Any, topic: str, partitions: Iterable[int]) -> int:
+    """Ask a transactional producer to add ``topic``'s ``partitions`` to its open
+    transaction now, before any record is queued for them; how many it was asked to add.
+
+    aiokafka adds a partition (AddPartitionsToTxn, a round trip to the transaction
+    coordinator, repeated every transaction poll while the coordinator still writes the
+    markers of the producer's previous transaction) only when its first batch is queued,
+    and sends the batch after that. Asked ahead, the round trip is made while the records
+    still wait for their turn. Only partitions the producer's metadata shows are asked
+    for (another could not be added); nothing is asked outside a transaction (after an
+    error the producer is in another state). ``tests/unit/adapters/kafka/test_writes.py``
+    checks that aiokafka still has the internals this reaches.
+    """
+    if not in_transaction(producer):
+        return 0
+    manager = producer._txn_manager
+    shown = producer.client.cluster.partitions_for_topic(topic) or ()
+    asked = 0
+    for partition in partitions:
+        if partition in shown:
+            manager.maybe_add_partition_to_txn(TopicPartition(topic, partition))
+            asked += 1
+    return asked
 
 
 # ``timeout`` bounds a polling loop over shared metadata; nothing to cancel.

@@ -6,13 +6,17 @@ more partitions only after a refresh it asks for, as aiokafka's does)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
+from aiokafka.producer.transaction_manager import TransactionManager
 
 from ordered_dev.harness.waiting import eventually
 from sidecar.adapters import transactions
-from sidecar.adapters.kafka import OutgoingKafkaRecord, SendFailed
+from sidecar.adapters.kafka import OutgoingKafkaRecord, SendFailed, SentRecord
 from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.config import KafkaSettings
 from sidecar.core.errors import KafkaAuthenticationFailed
@@ -182,3 +186,215 @@ async def test_prepare_gives_up_quietly_when_the_metadata_never_shows_them() -> 
     writer = _lanes_writer([stale], request_timeout_ms=100)
     await asyncio.wait_for(writer.prepare("orders", 6), 5)
     assert stale.refreshes >= 2
+
+
+# Partitions added to the next lane's transaction ahead of its records --------------------
+
+
+class _LaneProducer:
+    """An aiokafka transactional producer reduced to its transaction state (aiokafka's
+    own TransactionManager, so a partition added outside a transaction is refused as
+    aiokafka refuses it) and sends whose deliveries the test completes. Everything asked
+    of it goes to ``log``."""
+
+    def __init__(self, name: str, log: list[tuple[Any, ...]], shown: int = 6) -> None:
+        self.name = name
+        self.log = log
+        self.client = MetadataClient(shown=shown, after_refresh=shown)
+        self._txn_manager = TransactionManager(name, 60_000)
+        self._txn_manager.set_pid_and_epoch(1, 0)
+        self.deliveries: list[asyncio.Future[Any]] = []
+
+    def added(self) -> set[int]:
+        """Partitions in its transaction, added or waiting to be."""
+        manager = self._txn_manager
+        return {tp.partition for tp in manager.partitions_to_add() | manager.txn_partitions}
+
+    async def begin_transaction(self) -> None:
+        self.log.append((self.name, "begin"))
+        self._txn_manager.begin_transaction()
+
+    async def send(self, topic: str, *, partition: int, **record: Any) -> asyncio.Future[Any]:
+        self.log.append((self.name, "send", partition, sorted(self.added())))
+        self._txn_manager.maybe_add_partition_to_txn(TopicPartition(topic, partition))
+        delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.deliveries.append(delivery)
+        return delivery
+
+    def deliver(self) -> None:
+        for offset, delivery in enumerate(self.deliveries):
+            if not delivery.done():
+                delivery.set_result(SimpleNamespace(partition=0, offset=offset, timestamp=-1))
+
+    async def commit_transaction(self) -> None:
+        self.log.append((self.name, "commit", sorted(self.added())))
+        manager = self._txn_manager
+        for tp in list(manager.partitions_to_add()):
+            manager.partition_added(tp)
+        manager.committing_transaction()
+        manager.complete_transaction()
+
+    async def abort_transaction(self) -> None:
+        self.log.append((self.name, "abort", sorted(self.added())))
+        manager = self._txn_manager
+        for tp in list(manager.partitions_to_add()):
+            manager.partition_added(tp)
+        manager.aborting_transaction()
+        manager.complete_transaction()
+
+    async def stop(self) -> None:
+        pass
+
+
+async def _writer_over(
+    monkeypatch: pytest.MonkeyPatch,
+    producers: list[_LaneProducer],
+    request_timeout_ms: int = 5_000,
+    *,
+    lanes: int = 2,
+) -> TransactionalWriter:
+    """A writer of ``lanes`` lanes whose producers (the lanes', then those that replace
+    them) are ``producers`` in turn."""
+    started = iter(producers)
+
+    async def start(settings: KafkaSettings, transactional_id: str) -> _LaneProducer:
+        return next(started)
+
+    monkeypatch.setattr(transactions, "start_transactional_producer", start)
+    settings = KafkaSettings(request_timeout_ms=request_timeout_ms, retry_backoff_s=0.01)
+    writer = TransactionalWriter(settings, [p.name for p in producers[:lanes]])
+    await writer.start()
+    return writer
+
+
+def _records(*partitions: int) -> list[OutgoingKafkaRecord]:
+    return [OutgoingKafkaRecord(p, b"k", b"v", []) for p in partitions]
+
+
+async def test_partitions_queued_meanwhile_are_added_to_the_next_lane_before_its_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    first, second = _LaneProducer("a", log), _LaneProducer("b", log)
+    writer = await _writer_over(monkeypatch, [first, second])
+    try:
+        one = asyncio.create_task(writer.write("orders", _records(0)))
+        await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
+        # Lane a's record is not appended yet: the next request waits for its turn, and
+        # its partitions are added to lane b's transaction meanwhile.
+        two = asyncio.create_task(writer.write("orders", _records(1, 2, 1)))
+        await eventually(lambda: _true(second.added() == {1, 2}), 5.0, "added ahead")
+        assert not second.deliveries, "a record was sent before the one queued before it"
+        assert writer.partitions_added_ahead == 2
+
+        first.deliver()
+        await eventually(lambda: _true(len(second.deliveries) == 3), 5.0, "lane b sent")
+        second.deliver()
+        outcomes = [result.outcomes for result in await asyncio.gather(one, two)]
+        assert all(isinstance(o, SentRecord) for result in outcomes for o in result), outcomes
+    finally:
+        await writer.stop()
+    # Lane b's transaction was begun once, ahead, and held its partitions before its sends.
+    assert [entry for entry in log if entry[0] == "b"] == [
+        ("b", "begin"),
+        ("b", "send", 1, [1, 2]),
+        ("b", "send", 2, [1, 2]),
+        ("b", "send", 1, [1, 2]),
+        ("b", "commit", [1, 2]),
+    ]
+    assert log.index(("a", "commit", [0])) < log.index(("b", "commit", [1, 2]))
+
+
+async def test_a_partition_the_lane_does_not_show_is_left_to_its_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    first, second = _LaneProducer("a", log), _LaneProducer("b", log, shown=2)
+    writer = await _writer_over(monkeypatch, [first, second], request_timeout_ms=1_000)
+    try:
+        one = asyncio.create_task(writer.write("orders", _records(0)))
+        await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
+        two = asyncio.create_task(writer.write("orders", _records(1, 4)))
+        await eventually(lambda: _true(second.added() == {1}), 5.0, "added ahead")
+        assert writer.partitions_added_ahead == 1
+        first.deliver()
+        assert isinstance((await one).outcomes[0], SentRecord)
+        # Partition 4 is not in lane b's metadata: the request waits for it to show and
+        # fails, not appended, as it did before anything was added ahead.
+        failed = (await two).outcomes
+        assert all(isinstance(o, SendFailed) and not o.maybe_appended for o in failed), failed
+    finally:
+        await writer.stop()
+    assert not second.deliveries
+    # The partition added for the failed request is ended with the lane's transaction.
+    assert ("b", "abort", [1]) in log
+
+
+async def test_a_single_lane_adds_nothing_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[tuple[Any, ...]] = []
+    only = _LaneProducer("a", log)
+    writer = await _writer_over(monkeypatch, [only], lanes=1)
+    try:
+        one = asyncio.create_task(writer.write("orders", _records(0)))
+        await eventually(lambda: _true(bool(only.deliveries)), 5.0, "lane a sent its record")
+        two = asyncio.create_task(writer.write("orders", _records(3)))
+        await asyncio.sleep(0.05)
+        assert only.added() == {0}, "added to a transaction its records are not part of"
+        only.deliver()
+        await eventually(lambda: _true(len(only.deliveries) == 2), 5.0, "second sent")
+        only.deliver()
+        await asyncio.gather(one, two)
+    finally:
+        await writer.stop()
+    assert writer.partitions_added_ahead == 0
+
+
+async def test_a_transaction_begun_ahead_whose_records_never_come_is_aborted_at_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    first, second = _LaneProducer("a", log), _LaneProducer("b", log)
+    replacement = _LaneProducer("a", log)  # lane a's id initialised again after its failure
+    writer = await _writer_over(monkeypatch, [first, second, replacement])
+    monkeypatch.setattr(transactions, "refused_identity", _Kafka(None).refused_identity)
+    one = asyncio.create_task(writer.write("orders", _records(0)))
+    await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
+    two = asyncio.create_task(writer.write("orders", _records(5)))
+    await eventually(lambda: _true(second.added() == {5}), 5.0, "added ahead")
+    # Lane a's transaction fails: the writer begins nothing more, the queued request is
+    # answered, and lane b's transaction must not stay open until Kafka times it out
+    # (its markers would land whenever that is).
+    first.deliveries[0].set_exception(KafkaTimeoutError())
+    failed = [(await one).outcomes[0], (await two).outcomes[0]]
+    assert all(isinstance(o, SendFailed) and not o.maybe_appended for o in failed), failed
+    await writer.stop()
+    assert ("b", "abort", [5]) in log
+    assert not second.deliveries
+
+
+async def test_a_transaction_begun_ahead_that_met_an_error_is_begun_again_for_its_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    first, second = _LaneProducer("a", log), _LaneProducer("b", log)
+    writer = await _writer_over(monkeypatch, [first, second])
+    try:
+        one = asyncio.create_task(writer.write("orders", _records(0)))
+        await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
+        two = asyncio.create_task(writer.write("orders", _records(2)))
+        await eventually(lambda: _true(second.added() == {2}), 5.0, "added ahead")
+        # The coordinator refuses the partition (as aiokafka records a refused ACL): the
+        # transaction begun ahead can take no record.
+        second._txn_manager.error_transaction(TopicAuthorizationFailedError({"orders"}))
+        first.deliver()
+        await eventually(lambda: _true(bool(second.deliveries)), 5.0, "lane b sent")
+        second.deliver()
+        await asyncio.gather(one, two)
+    finally:
+        await writer.stop()
+    assert [entry for entry in log if entry[0] == "b"][:4] == [
+        ("b", "begin"),
+        ("b", "abort", []),
+        ("b", "begin"),
+        ("b", "send", 2, []),
+    ]

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.errors import (
     KafkaTimeoutError,
     MessageSizeTooLargeError,
@@ -24,8 +25,14 @@ from aiokafka.errors import (
     ProducerFenced as ProducerFencedError,
 )
 from aiokafka.producer import sender as aiokafka_sender
+from aiokafka.producer.transaction_manager import TransactionManager
 
-from sidecar.adapters.kafka import SendFailed, set_transaction_poll
+from sidecar.adapters.kafka import (
+    SendFailed,
+    add_partitions_ahead,
+    ready_to_begin,
+    set_transaction_poll,
+)
 from sidecar.adapters.kafka.admin import KafkaAdmin
 from sidecar.adapters.kafka.clients import ConnectionState, _Clients
 from sidecar.adapters.kafka.writes import (
@@ -308,3 +315,44 @@ async def test_a_topic_kafka_does_not_have_is_unknown_and_not_followed() -> None
     with pytest.raises(UnknownTopic, match="topic plain does not exist"):
         await writes.routing_partition_count("plain")
     assert client.topics == []
+
+
+# Partitions added to a transaction ahead of their records -----------------------------------
+
+
+def _transactional_producer(shown: int) -> SimpleNamespace:
+    """What ``add_partitions_ahead`` reaches of an aiokafka producer: aiokafka's own
+    TransactionManager (this fails if aiokafka renames what it calls) and the metadata."""
+    manager = TransactionManager("ordered-host-1-0", 60_000)
+    manager.set_pid_and_epoch(1, 0)
+    client = _MetadataClient([shown])
+    return SimpleNamespace(_txn_manager=manager, client=client)
+
+
+async def test_partitions_are_added_ahead_only_within_a_transaction() -> None:
+    producer = _transactional_producer(shown=6)
+    assert add_partitions_ahead(producer, "orders", [1, 2]) == 0
+    assert not producer._txn_manager.partitions_to_add()
+
+    producer._txn_manager.begin_transaction()
+    assert add_partitions_ahead(producer, "orders", [1, 2]) == 2
+    assert producer._txn_manager.partitions_to_add() == {
+        TopicPartition("orders", 1),
+        TopicPartition("orders", 2),
+    }
+
+
+async def test_a_partition_the_metadata_does_not_show_is_not_added_ahead() -> None:
+    producer = _transactional_producer(shown=3)
+    producer._txn_manager.begin_transaction()
+    assert add_partitions_ahead(producer, "orders", [2, 3, 7]) == 1
+    assert producer._txn_manager.partitions_to_add() == {TopicPartition("orders", 2)}
+
+
+async def test_a_transaction_is_begun_ahead_only_where_beginning_waits_for_nothing() -> None:
+    producer = _transactional_producer(shown=3)
+    assert ready_to_begin(producer)
+    producer._txn_manager.begin_transaction()
+    assert not ready_to_begin(producer), "a transaction is open"
+    without_id = SimpleNamespace(_txn_manager=TransactionManager("t", 60_000))
+    assert not ready_to_begin(without_id), "beginning would wait for the producer id"
