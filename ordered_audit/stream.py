@@ -213,13 +213,15 @@ class StateStore:
         cutoff: float | None,
         state: LiveState,
         totals: Totals,
+        rows: int | None = None,
     ) -> None:
         """``batch_id``'s journal entry (its record values and the cutoff its ``events``
         were checked with, written first; then the state's newest time and the totals
         through it, which mark it complete), and a snapshot of ``state`` once the
         journal holds ``snapshot_events`` events (or ``events_per_row`` times the rows
         the state keeps, when more) or ``SNAPSHOT_BATCHES`` batches since the last
-        one."""
+        one. ``rows``: that count, when the caller has it (counting passes over every
+        key the state keeps)."""
         self.root.mkdir(parents=True, exist_ok=True)
         _write_atomically(self._values_path(batch_id), orjson.dumps(list(values)))
         meta = {
@@ -237,7 +239,9 @@ class StateStore:
             journaled, batches = self._since_snapshot
             self._since_snapshot = (journaled + events, batches + 1)
         journaled, batches = self._since_snapshot
-        due = max(self.snapshot_events, self.events_per_row * sum(state.rows().values()))
+        if rows is None:
+            rows = sum(state.rows().values())
+        due = max(self.snapshot_events, self.events_per_row * rows)
         if journaled >= due or batches >= SNAPSHOT_BATCHES:
             _write_atomically(
                 self._snapshot_path(batch_id), pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
@@ -338,14 +342,17 @@ class LiveAudit:
                 anomaly["offset"],
                 anomaly["detail"],
             )
-        self.store.save(batch_id, values, len(events), cutoff, state, totals)
+        state_rows = state.rows()  # once: a pass over every key the state keeps
+        self.store.save(
+            batch_id, values, len(events), cutoff, state, totals, sum(state_rows.values())
+        )
         self._state, self._totals, self._state_batch = state, totals, batch_id
         self.metrics.record_batch(
             events=len(events),
             late=late,
             newest=max(e["time"] for e in events),
             anomalies=counts,
-            state_rows=state.rows(),
+            state_rows=state_rows,
         )
         log.info(
             "audit stream: batch %d, %d events, %d anomalies, %.1f s",
