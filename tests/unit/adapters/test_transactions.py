@@ -17,7 +17,7 @@ from aiokafka.producer.transaction_manager import TransactionManager
 from ordered_dev.harness.waiting import eventually
 from sidecar.adapters import transactions
 from sidecar.adapters.kafka import OutgoingKafkaRecord, SendFailed, SentRecord
-from sidecar.adapters.transactions import TransactionalWriter
+from sidecar.adapters.transactions import TransactionalWriter, WriteResult
 from sidecar.config import KafkaSettings
 from sidecar.core.errors import KafkaAuthenticationFailed
 from tests.support.kafka_metadata import MetadataClient
@@ -227,19 +227,21 @@ class _LaneProducer:
                 delivery.set_result(SimpleNamespace(partition=0, offset=offset, timestamp=-1))
 
     async def commit_transaction(self) -> None:
-        self.log.append((self.name, "commit", sorted(self.added())))
-        manager = self._txn_manager
-        for tp in list(manager.partitions_to_add()):
-            manager.partition_added(tp)
-        manager.committing_transaction()
-        manager.complete_transaction()
+        self._end("commit")
 
     async def abort_transaction(self) -> None:
-        self.log.append((self.name, "abort", sorted(self.added())))
+        self._end("abort")
+
+    def _end(self, how: str) -> None:
+        """End the transaction as Kafka would once every partition asked for is added."""
+        self.log.append((self.name, how, sorted(self.added())))
         manager = self._txn_manager
         for tp in list(manager.partitions_to_add()):
             manager.partition_added(tp)
-        manager.aborting_transaction()
+        if how == "commit":
+            manager.committing_transaction()
+        else:
+            manager.aborting_transaction()
         manager.complete_transaction()
 
     async def stop(self) -> None:
@@ -271,6 +273,22 @@ def _records(*partitions: int) -> list[OutgoingKafkaRecord]:
     return [OutgoingKafkaRecord(p, b"k", b"v", []) for p in partitions]
 
 
+async def _queued_behind_lane_a(
+    writer: TransactionalWriter,
+    first: _LaneProducer,
+    second: _LaneProducer,
+    partitions: tuple[int, ...],
+    added: set[int],
+) -> tuple[asyncio.Task[WriteResult], asyncio.Task[WriteResult]]:
+    """A write appended on lane a (its record sent, not acknowledged), and one to
+    ``partitions`` queued behind it, once lane b's transaction holds ``added``."""
+    one = asyncio.create_task(writer.write("orders", _records(0)))
+    await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
+    two = asyncio.create_task(writer.write("orders", _records(*partitions)))
+    await eventually(lambda: _true(second.added() == added), 5.0, "added ahead")
+    return one, two
+
+
 async def test_partitions_queued_meanwhile_are_added_to_the_next_lane_before_its_records(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -278,12 +296,9 @@ async def test_partitions_queued_meanwhile_are_added_to_the_next_lane_before_its
     first, second = _LaneProducer("a", log), _LaneProducer("b", log)
     writer = await _writer_over(monkeypatch, [first, second])
     try:
-        one = asyncio.create_task(writer.write("orders", _records(0)))
-        await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
         # Lane a's record is not appended yet: the next request waits for its turn, and
         # its partitions are added to lane b's transaction meanwhile.
-        two = asyncio.create_task(writer.write("orders", _records(1, 2, 1)))
-        await eventually(lambda: _true(second.added() == {1, 2}), 5.0, "added ahead")
+        one, two = await _queued_behind_lane_a(writer, first, second, (1, 2, 1), {1, 2})
         assert not second.deliveries, "a record was sent before the one queued before it"
         assert writer.partitions_added_ahead == 2
 
@@ -312,10 +327,7 @@ async def test_a_partition_the_lane_does_not_show_is_left_to_its_records(
     first, second = _LaneProducer("a", log), _LaneProducer("b", log, shown=2)
     writer = await _writer_over(monkeypatch, [first, second], request_timeout_ms=1_000)
     try:
-        one = asyncio.create_task(writer.write("orders", _records(0)))
-        await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
-        two = asyncio.create_task(writer.write("orders", _records(1, 4)))
-        await eventually(lambda: _true(second.added() == {1}), 5.0, "added ahead")
+        one, two = await _queued_behind_lane_a(writer, first, second, (1, 4), {1})
         assert writer.partitions_added_ahead == 1
         first.deliver()
         assert isinstance((await one).outcomes[0], SentRecord)
@@ -357,10 +369,7 @@ async def test_a_transaction_begun_ahead_whose_records_never_come_is_aborted_at_
     replacement = _LaneProducer("a", log)  # lane a's id initialised again after its failure
     writer = await _writer_over(monkeypatch, [first, second, replacement])
     monkeypatch.setattr(transactions, "refused_identity", _Kafka(None).refused_identity)
-    one = asyncio.create_task(writer.write("orders", _records(0)))
-    await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
-    two = asyncio.create_task(writer.write("orders", _records(5)))
-    await eventually(lambda: _true(second.added() == {5}), 5.0, "added ahead")
+    one, two = await _queued_behind_lane_a(writer, first, second, (5,), {5})
     # Lane a's transaction fails: the writer begins nothing more, the queued request is
     # answered, and lane b's transaction must not stay open until Kafka times it out
     # (its markers would land whenever that is).
@@ -379,10 +388,7 @@ async def test_a_transaction_begun_ahead_that_met_an_error_is_begun_again_for_it
     first, second = _LaneProducer("a", log), _LaneProducer("b", log)
     writer = await _writer_over(monkeypatch, [first, second])
     try:
-        one = asyncio.create_task(writer.write("orders", _records(0)))
-        await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent its record")
-        two = asyncio.create_task(writer.write("orders", _records(2)))
-        await eventually(lambda: _true(second.added() == {2}), 5.0, "added ahead")
+        one, two = await _queued_behind_lane_a(writer, first, second, (2,), {2})
         # The coordinator refuses the partition (as aiokafka records a refused ACL): the
         # transaction begun ahead can take no record.
         second._txn_manager.error_transaction(TopicAuthorizationFailedError({"orders"}))
