@@ -162,8 +162,11 @@ class TransactionalWriter:
     still writes the lane's previous markers, no longer come before the records' produce
     request. Every partition added belongs to a request that is queued, admitted in the
     current generation and counted in flight until answered, so the markers written
-    there land before any boundary a change reads (but for a request withdrawn after
-    twice the request timeout, whose partition then holds one marker more).
+    there land before any boundary a change reads. A partition can still end up added
+    without a record, and hold one marker more: a request withdrawn after twice the
+    request timeout, one failed because a lane's metadata does not show its partition,
+    and a writer that stops or retires with a transaction begun ahead (aborted at
+    ``stop``); docs/fencing.md says why that is safe.
 
     ``start`` before use (it initialises every id, which fences any earlier producer of
     them), ``stop`` at the end. ``on_fenced`` is called once, on the event loop, when an
