@@ -72,6 +72,8 @@ class SidecarServer:
             kill_after_phase=Phase(faults.kill_after_phase) if faults.kill_after_phase else None,
             withhold_barrier_acks=faults.withhold_barrier_acks,
             stop_before_commit=faults.stop_before_commit,
+            stop_before_send=faults.stop_before_send,
+            skip_fence=faults.skip_fence,
             stop_before_compaction_write=faults.stop_before_compaction_write,
             ungated_delivery=faults.ungated_delivery,
         )

@@ -25,6 +25,8 @@ class FaultHooks:
         kill_after_phase: Phase | None = None,
         withhold_barrier_acks: bool = False,
         stop_before_commit: int = 0,
+        stop_before_send: int = 0,
+        skip_fence: bool = False,
         stop_before_compaction_write: bool = False,
         ungated_delivery: bool = False,
     ) -> None:
@@ -34,6 +36,13 @@ class FaultHooks:
         """Never ack a barrier, as a sidecar whose sends never settle: changes time out."""
         self.stop_before_commit = stop_before_commit
         """SIGSTOP this process before committing its Nth transaction (0: never), once."""
+        self.stop_before_send = stop_before_send
+        """SIGSTOP this process before sending its Nth transaction's records (0: never),
+        once: they are routed and stamped, nothing of them is sent."""
+        self.skip_fence = skip_fence
+        """Changes coordinated here leave the ids of sidecars whose session is gone
+        unfenced: a zombie's writes go through (and land across a barrier)."""
+        self._sends = 0
         self.stop_before_compaction_write = stop_before_compaction_write
         """SIGSTOP this process once, after a compaction read what it folds and before its
         first write: a compactor paused (or, killed then, dead) holding the topic's lock."""
@@ -55,6 +64,14 @@ class FaultHooks:
             return
         self._stopped = True  # once: the writer that replaces this one commits on
         _log.warning("fault injection: stopping before the commit of %s", transactional_ids)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    def before_send(self, transactional_ids: object) -> None:
+        """Called before a transaction is begun for records already routed and stamped."""
+        self._sends += 1
+        if self._sends != self.stop_before_send:
+            return
+        _log.warning("fault injection: stopping before the records of %s", transactional_ids)
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def before_compaction_write(self, topic: str) -> None:

@@ -376,6 +376,7 @@ class TransactionalWriter:
         """Begin a transaction on ``lane`` with ``group``'s records and wait until they are
         appended; then leave its commit to a task of its own (``_end``)."""
         deliveries: list[list[Any]] = []
+        self._faults.before_send(self.transactional_ids)
         begun, lane.begun_ahead = lane.begun_ahead, False
         try:
             if begun and not in_transaction(lane.producer):

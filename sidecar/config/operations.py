@@ -87,6 +87,14 @@ class FaultSettings:
     stop_before_commit: int = 0
     """SIGSTOP this process before committing its Nth transaction, once its records were
     appended (0: never): a zombie with an open transaction, for the fencing tests."""
+    stop_before_send: int = 0
+    """SIGSTOP this process before sending its Nth transaction's records (0: never),
+    once: a zombie that routed and stamped them under the generation it knew and sent
+    nothing yet, for the audit's test of a write across a barrier."""
+    skip_fence: bool = False
+    """For tests only: a change this sidecar coordinates drops the ids of sidecars whose
+    session is gone without fencing them, so a zombie's writes are not refused: the
+    write across a barrier the audit's tests must report."""
     stop_before_compaction_write: bool = False
     """SIGSTOP this process once, when a compaction of a generation log has decided what
     to fold and not written it yet (holding the topic's lock): the compaction fault test."""

@@ -402,6 +402,9 @@ class ChangeRunner:
                 return await self._await_barrier(operation)
             case FenceProducers(_, transactional_ids):
                 for transactional_id in transactional_ids:
+                    if self.faults.skip_fence:
+                        _log.warning("fault injection: not fencing %s", transactional_id)
+                        continue
                     await self.kafka.fence_producer(transactional_id)
                     self.metrics.producers_fenced.inc()
                 await self.store.forget_producers(transactional_ids)

@@ -234,12 +234,18 @@ def test_each_server_counts_in_a_registry_of_its_own() -> None:
 
 def test_the_fault_settings_become_one_set_of_hooks_for_registry_and_changes() -> None:
     faults = FaultSettings(
-        kill_after_phase="barrier", withhold_barrier_acks=True, stop_before_commit=3
+        kill_after_phase="barrier",
+        withhold_barrier_acks=True,
+        stop_before_commit=3,
+        stop_before_send=2,
+        skip_fence=True,
     )
     server = SidecarServer(settings_for(faults=faults))
     assert server.faults.kill_after_phase is Phase.BARRIER
     assert server.faults.withhold_barrier_acks is True
     assert server.faults.stop_before_commit == 3
+    assert server.faults.stop_before_send == 2
+    assert server.faults.skip_fence is True
     assert server.sidecar.faults is server.faults
     assert server.changes.faults is server.faults
 
@@ -249,6 +255,8 @@ def test_no_fault_is_injected_by_default() -> None:
     assert faults.kill_after_phase is None
     assert faults.withhold_barrier_acks is False
     assert faults.stop_before_commit == 0
+    assert faults.stop_before_send == 0
+    assert faults.skip_fence is False
 
 
 def test_changes_warm_new_partitions_under_the_sidecars_own_warm_id() -> None:

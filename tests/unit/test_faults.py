@@ -24,9 +24,11 @@ def test_empty_hooks_do_nothing(signals: list[int]) -> None:
         hooks.phase_journaled(phase)
     for committed in range(5):
         hooks.before_commit(committed, ("t",))
+        hooks.before_send(("t",))
     hooks.before_compaction_write("t")
     assert signals == []
     assert not hooks.withhold_barrier_acks
+    assert not hooks.skip_fence
     assert not hooks.ungated_delivery
 
 
@@ -44,6 +46,16 @@ def test_a_stop_before_the_nth_commit_fires_once(signals: list[int]) -> None:
     hooks.before_commit(1, ("t",))
     assert signals == [signal.SIGSTOP]
     hooks.before_commit(1, ("t~1",))  # the writer that replaced the stopped one
+    assert signals == [signal.SIGSTOP]
+
+
+def test_a_stop_before_the_nth_send_fires_once(signals: list[int]) -> None:
+    hooks = FaultHooks(stop_before_send=2)
+    hooks.before_send(("t",))
+    assert signals == []
+    hooks.before_send(("t",))
+    assert signals == [signal.SIGSTOP]
+    hooks.before_send(("t",))
     assert signals == [signal.SIGSTOP]
 
 
