@@ -61,6 +61,8 @@ def settings_for(
     kill_after_phase: str = "",
     withhold_barrier_acks: bool = False,
     stop_before_commit: int = 0,
+    stop_before_send: int = 0,
+    skip_fence: bool = False,
     stop_before_compaction_write: bool = False,
     ungated_delivery: bool = False,
     zookeeper_hosts: str | None = None,
@@ -101,6 +103,8 @@ def settings_for(
             kill_after_phase=kill_after_phase,
             withhold_barrier_acks=withhold_barrier_acks,
             stop_before_commit=stop_before_commit,
+            stop_before_send=stop_before_send,
+            skip_fence=skip_fence,
             stop_before_compaction_write=stop_before_compaction_write,
             ungated_delivery=ungated_delivery,
         ),
@@ -177,8 +181,8 @@ class SidecarProcess(SidecarClient):
 def settings_environment(settings: Settings) -> dict[str, str]:
     """``settings`` as the ``ORDERED_SIDECAR__*`` variables ``sidecar serve`` reads.
 
-    Every field of the sections ``settings_for`` fills in; of ``changes`` and
-    ``consumer`` only the fields given another value than the default, so that one set
+    Every field of the sections ``settings_for`` fills in; of ``changes``, ``consumer``
+    and ``audit`` only the fields given another value than the default, so that one set
     in the environment (``ORDERED_SIDECAR__CHANGES__COMPACTION_INTERVAL_S=15`` for a
     whole bench run) still reaches the process where the test does not set it. The
     other sections keep what the environment says."""
@@ -187,7 +191,7 @@ def settings_environment(settings: Settings) -> dict[str, str]:
         env |= _section_environment(
             f"ORDERED_SIDECAR__{section.upper()}", getattr(settings, section)
         )
-    for section in ("changes", "consumer"):
+    for section in ("changes", "consumer", "audit"):
         values = getattr(settings, section)
         env |= _section_environment(
             f"ORDERED_SIDECAR__{section.upper()}", values, unless_equal=type(values)()

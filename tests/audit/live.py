@@ -35,6 +35,9 @@ ANOMALIES = "sidecar_audit_stream_anomalies_total"
 EVENTS = "sidecar_audit_stream_events_total"
 LAG = "sidecar_audit_stream_lag_seconds"
 
+AUDIT_PARTITIONS = 3
+"""Of ``create_audit_topic``'s topics."""
+
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -57,7 +60,7 @@ async def create_audit_topic(cluster: ClusterEndpoints) -> str:
     admin = AIOKafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, 3, cluster.replication_factor)])
+        await admin.create_topics([NewTopic(topic, AUDIT_PARTITIONS, cluster.replication_factor)])
     finally:
         await admin.close()
     return topic
