@@ -27,6 +27,7 @@ from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.waiting import eventually
 from sidecar.compose import SidecarServer
 from sidecar.config import (
+    AuditSettings,
     FaultSettings,
     HttpSettings,
     KafkaSettings,
@@ -70,10 +71,12 @@ def settings_for(
     transaction_lanes: int | None = None,
     header_format: str = "stamp",
     kafka_client: dict[str, str | int | float | bool] | None = None,
+    audit_topic: str = "",
 ) -> Settings:
     """Settings of a test sidecar. The Kafka request timeout defaults to what the session
     timeout allows (``Settings.validate``: a session outlives every send);
-    ``kafka_client`` is ``kafka.client`` (aiokafka settings passed through)."""
+    ``kafka_client`` is ``kafka.client`` (aiokafka settings passed through); with
+    ``audit_topic`` the sidecar audits to that topic."""
     margin_ms = TEST_REPLICATION_MARGIN_MS
     if request_timeout_ms is None:
         request_timeout_ms = max(2_000, int(session_timeout_s * 1000) - margin_ms - 1_000)
@@ -99,6 +102,7 @@ def settings_for(
             barrier_timeout_s=barrier_timeout_s,
             header_format=header_format,
         ),
+        audit=AuditSettings(enabled=True, topic=audit_topic) if audit_topic else AuditSettings(),
         faults=FaultSettings(
             kill_after_phase=kill_after_phase,
             withhold_barrier_acks=withhold_barrier_acks,

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.sidecars import READY_WITHIN_S, RunningSidecar, settings_for, unique
 from sidecar.audit.events import Event
 from sidecar.compose import SidecarServer
-from sidecar.config import AuditSettings
 from tests.audit.history import History, Scenario, written
 
 ANOMALIES = "sidecar_audit_stream_anomalies_total"
@@ -77,8 +75,7 @@ async def audited_sidecars(
     started: dict[str, RunningSidecar] = {}
     try:
         for name, extra in options.items():
-            settings = settings_for(cluster, root, name, **extra)
-            settings = replace(settings, audit=AuditSettings(enabled=True, topic=audit_topic))
+            settings = settings_for(cluster, root, name, audit_topic=audit_topic, **extra)
             server = SidecarServer(settings)
             await server.start()
             await asyncio.wait_for(server.wait_ready(), READY_WITHIN_S)

@@ -28,7 +28,6 @@ import json
 import os
 import signal
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,6 @@ from ordered_dev.harness.sidecars import (
 )
 from ordered_dev.harness.waiting import eventually
 from sidecar.adapters.zookeeper import MetadataStore
-from sidecar.config import AuditSettings
 from sidecar.core.placement import record_stamp
 from sidecar.core.routing import partition_for_key
 from tests.audit.live import (
@@ -107,7 +105,6 @@ async def test_a_zombie_writing_across_a_barrier_is_reported_within_a_minute(
     topic, root = unique("zombie-audit"), f"/{unique('zombie-audit')}"
     key = _staying_key()
     began = time.time()
-    audited = AuditSettings(enabled=True, topic=audit_topic)
     zombie_options: dict[str, Any] = {
         "session_timeout_s": 4.0,
         "stop_before_send": 2,
@@ -119,7 +116,7 @@ async def test_a_zombie_writing_across_a_barrier_is_reported_within_a_minute(
     try:
         options: dict[str, Any]
         for name, options in (("live", {"skip_fence": True}), ("zombie", zombie_options)):
-            settings = replace(settings_for(cluster, root, name, **options), audit=audited)
+            settings = settings_for(cluster, root, name, audit_topic=audit_topic, **options)
             started.append(await start_process(settings))
         live, zombie = started
         await live.create_topic(topic, 2, replication_factor=cluster.replication_factor)
