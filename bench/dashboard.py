@@ -2,8 +2,11 @@
 
 Grafana itself is not installable from this project's package sources, so this runs
 the same queries the dashboard does against a real Prometheus (Debian's package)
-scraping two real sidecars, during a scenario with produce load, a consumer group and
-four partition-count changes, and draws each panel with matplotlib.
+scraping two real sidecars and the live audit (``start_stream``, embedded, over the
+audit topic both sidecars write), during a scenario with produce load, a consumer group
+and four partition-count changes, each followed by a producer writing past the
+sidecars (the live audit counts its records as ``unaudited_delivery`` once the group
+gets them), and draws each panel with matplotlib.
 
     .venv/bin/python -m bench.dashboard [--out docs/dashboard.png] [--seconds 70]
 """
@@ -27,6 +30,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import yaml
 
+from ordered_audit.job import SparkOptions, build_session
+from ordered_audit.stream import RunningStream, StreamConfig, start_stream
 from ordered_dev.devcluster.provider import provide_cluster
 from ordered_dev.harness.consumers import CallbackApp, create_consumer
 from ordered_dev.harness.sidecars import RunningSidecar, running_sidecars, unique
@@ -193,10 +198,25 @@ def _draw(
     figure.savefig(out, dpi=80)
 
 
+async def _live_audit(bootstrap: str, topic: str, checkpoint: Path) -> RunningStream:
+    """The live audit over ``topic`` in this process (its own Spark session), once its
+    ``/metrics`` answers."""
+    spark = await asyncio.to_thread(
+        build_session, SparkOptions(master="local[2]", shuffle_partitions=2), kafka=True
+    )
+    config = StreamConfig(
+        bootstrap=bootstrap, topic=topic, checkpoint=checkpoint, trigger_s=1.0, metrics_port=0
+    )
+    return await asyncio.to_thread(start_stream, spark, config)
+
+
 async def main(out: Path, seconds: float) -> None:
     prometheus = require_tool("prometheus")
     with provide_cluster() as cluster, tempfile.TemporaryDirectory() as work:
-        async with running_sidecars(cluster, 2) as sidecars:
+        audit_topic = unique("audit")
+        async with running_sidecars(cluster, 2, audit_topic=audit_topic) as sidecars:
+            # The sidecars made the audit topic as they started: the stream reads it whole.
+            stream = await _live_audit(cluster.kafka_bootstrap, audit_topic, Path(work) / "live")
             port = free_port()
             config = {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -206,7 +226,11 @@ async def main(out: Path, seconds: float) -> None:
                         "static_configs": [
                             {"targets": [f"127.0.0.1:{s.server.port}" for s in sidecars]}
                         ],
-                    }
+                    },
+                    {
+                        "job_name": "ordered-audit-stream",
+                        "static_configs": [{"targets": [f"127.0.0.1:{stream.port}"]}],
+                    },
                 ],
             }
             (Path(work) / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -228,7 +252,8 @@ async def main(out: Path, seconds: float) -> None:
                         await asyncio.sleep(0.2)
                     start = time.time()
                     changes = await _scenario(sidecars, seconds)
-                    await asyncio.sleep(3)
+                    # The last change's bypassing records: delivered, audited, counted.
+                    await asyncio.sleep(10)
                     end = time.time()
                     panels = [
                         (title, [await _range(session, e, start, end) for e in exprs])
@@ -237,6 +262,7 @@ async def main(out: Path, seconds: float) -> None:
             finally:
                 process.terminate()
                 await process.wait()
+                await asyncio.to_thread(stream.stop)
     _draw(panels, changes, start, out)
     empty = [title for title, sets in panels if not any(sets)]
     print(f"wrote {out}; panels without data: {empty or 'none'}")
