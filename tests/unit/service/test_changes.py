@@ -59,6 +59,7 @@ from sidecar.core.procedures import (
 )
 from sidecar.core.topics import PendingBarrier, TopicConfig, TopicState
 from sidecar.core.truncation import ConfirmedLoss
+from sidecar.faults import FaultHooks
 from sidecar.metrics import SidecarMetrics
 from sidecar.service.changes import ChangeRequest, ChangeRunner
 
@@ -365,6 +366,7 @@ class _Fakes:
         warmer: _Warmer | None = None,
         kafka_partitions: int | None = None,
         settings: ChangeSettings = FAST,
+        faults: FaultHooks | None = None,
     ) -> None:
         self.zk = _Zk(state)
         physical = state.current.physical_count
@@ -381,6 +383,7 @@ class _Fakes:
             audit=cast(AuditEmitter, self.audit),
             settings=settings,
             warmer=cast(PartitionWarmer | None, warmer),
+            faults=faults,
         )
 
     @property
@@ -558,6 +561,22 @@ async def test_registered_producers_no_live_sidecar_owns_are_fenced_before_bound
     ]
     fenced = fakes.metrics.registry.get_sample_value("sidecar_producers_fenced_total")
     assert fenced == 1
+
+
+async def test_the_skip_fence_fault_forgets_the_ids_without_fencing_them() -> None:
+    # For the audit's tests only: a zombie left unfenced writes across the barrier.
+    fakes = _Fakes(_topic(2), faults=FaultHooks(skip_fence=True))
+    mine, zombie = TransactionalId("p.a.1"), TransactionalId("p.z.3")
+    fakes.zk.registered = frozenset({mine, zombie})
+    fakes.zk.live_producer_ids = frozenset({mine})
+
+    result = await fakes.runner.change(ChangeRequest(TOPIC, 3))
+
+    assert result.phase is Phase.DONE
+    assert result.fenced == (zombie,)
+    assert fakes.kafka.fenced == []
+    assert fakes.zk.forgotten == [(zombie,)]
+    assert fakes.metrics.registry.get_sample_value("sidecar_producers_fenced_total") == 0
 
 
 async def test_every_phase_is_journaled_before_its_actions_run() -> None:
