@@ -588,6 +588,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=stream.DEFAULT_MAX_TOPIC_LABELS,
         help="topics counted by name in the anomaly metric; the rest as 'other'",
     )
+    live.add_argument(
+        "--stop-grace",
+        type=float,
+        default=stream.DEFAULT_STOP_GRACE_S,
+        help="on SIGTERM, how long to let the micro-batch in progress end (s)",
+    )
     _add_spark_arguments(live)
     live.set_defaults(handler=stream.run_stream_command)
 
@@ -647,6 +653,8 @@ def stream_config_from_args(args: argparse.Namespace) -> tuple[StreamConfig, Spa
         raise AuditError("--metrics-port must be a port number (0: any free one)")
     if args.max_topic_labels < 1:
         raise AuditError("--max-topic-labels must be at least 1")
+    if args.stop_grace < 0:
+        raise AuditError("--stop-grace must not be negative")
     if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger < 1:
         raise AuditError("--max-offsets-per-trigger must be at least 1")
     if StateStore(args.checkpoint / "state").has_earlier_layout():
@@ -677,6 +685,7 @@ def stream_config_from_args(args: argparse.Namespace) -> tuple[StreamConfig, Spa
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         max_topic_labels=args.max_topic_labels,
+        stop_grace_s=args.stop_grace,
     )
     return config, _spark_options(args)
 

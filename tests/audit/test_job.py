@@ -181,6 +181,7 @@ def test_the_stream_command_is_registered_and_checks_its_arguments(
         (["--horizon", "-1"], "--horizon"),
         (["--metrics-port", "70000"], "--metrics-port"),
         (["--max-topic-labels", "0"], "--max-topic-labels"),
+        (["--stop-grace", "-1"], "--stop-grace"),
     ]:
         with pytest.raises(AuditError, match=message):
             stream_config_from_args(parser.parse_args([*base, *wrong]))

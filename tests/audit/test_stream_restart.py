@@ -26,7 +26,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from pyspark.sql import SparkSession
 
+from ordered_audit.stream import RunningStream, StateStore, start_stream
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.sidecars import unique
 from ordered_dev.harness.tools import free_port
@@ -39,6 +41,7 @@ from tests.audit.live import (
     faulty,
     on_topic,
     stream_arguments,
+    stream_config,
     wait_for,
     write_events,
 )
@@ -48,6 +51,8 @@ pytestmark = pytest.mark.integration
 FIRST_START_S = 180.0
 REPORTED_AFTER_RESTART_S = 120.0
 COMMITTED_WITHIN_S = 60.0
+STOPPED_WITHIN_S = 30.0
+"""Beyond the grace: Spark's own stop of a query between micro-batches."""
 
 
 def batch_ids(directory: Path) -> set[int]:
@@ -132,3 +137,31 @@ async def test_a_job_killed_mid_batch_and_restarted_counts_each_anomaly_once(
         finally:
             status = job.stop()
     assert status == 0, job.log_tail()
+
+
+async def test_a_stop_lets_the_micro_batch_in_progress_end(
+    cluster: ClusterEndpoints, spark: SparkSession, tmp_path: Path
+) -> None:
+    """Stopped right after Spark planned a micro-batch, the stream stops once that batch
+    is checked and committed (``RunningStream.stop``), not in the middle of it."""
+    audit_topic = await create_audit_topic(cluster)
+    events = [e for i in range(4) for e in on_topic(faulty(), unique(f"stopped-{i}"))]
+    await write_events(cluster, audit_topic, events)
+    checkpoint = tmp_path / "checkpoint"
+    config = stream_config(cluster, audit_topic, checkpoint)
+    running: RunningStream = await asyncio.to_thread(start_stream, spark, config)
+    offsets = checkpoint / "spark" / "offsets"
+    try:
+        deadline = time.monotonic() + COMMITTED_WITHIN_S
+        while not batch_ids(offsets):
+            assert time.monotonic() < deadline, "no micro-batch was planned"
+            await asyncio.sleep(0.01)
+        planned = min(batch_ids(offsets))
+    finally:
+        began = time.monotonic()
+        await asyncio.to_thread(running.stop)
+    stopped_in = time.monotonic() - began
+    assert running.query.exception() is None
+    assert planned in batch_ids(checkpoint / "spark" / "commits")
+    assert StateStore(checkpoint / "state").is_complete(planned)
+    assert stopped_in < config.stop_grace_s + STOPPED_WITHIN_S, stopped_in
