@@ -85,10 +85,28 @@ COUNT_CHANGES = ("expand", "shrink")
 _DELIVERY_ORDER = ("time", "sidecar", "seq")
 
 
+# What makes one event: a repeat of these is the same event read twice.
+EVENT_IDENTITY = ("sidecar", "seq", "time", "type")
+
+
 def distinct_events(events: DataFrame) -> DataFrame:
     """``events`` without repeats of one event (the same sidecar, seq, time and type),
     as a file read twice or an audit topic copied into files would have."""
-    return events.dropDuplicates(["sidecar", "seq", "time", "type"])
+    return events.dropDuplicates(list(EVENT_IDENTITY))
+
+
+def may_repeat_events(events: DataFrame) -> DataFrame:
+    """Empty when no event of ``events`` is there twice (``distinct_events`` would drop
+    nothing); else a row for each hash of the identity that more than one row has (an
+    event twice, or, rarely, two events whose identities hash alike).
+
+    A hash aggregation over one long column: much cheaper than ``distinct_events``,
+    which keeps one whole row of each event and sorts them all, so a job asks this
+    first and deduplicates only when it is not empty."""
+    # Equal times are equal however they are written: 0.0 and -0.0 hash alike too.
+    time = F.when(F.col("time") == F.lit(0.0), F.lit(0.0)).otherwise(F.col("time"))
+    identity = F.xxhash64(F.col("sidecar"), F.col("seq"), time, F.col("type"))
+    return events.groupBy(identity.alias("_identity")).count().where(F.col("count") > 1)
 
 
 def _of_type(events: DataFrame, event_type: str) -> DataFrame:

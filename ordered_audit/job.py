@@ -211,7 +211,15 @@ def run_audit(spark: SparkSession, config: AuditConfig) -> AuditResult:
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     # Read once (the Kafka source would read the topic again for every action).
-    loaded = checks.distinct_events(load_events(spark, config)).cache()
+    loaded = load_events(spark, config).cache()
+    # Dropping repeats keeps one whole row of each event and sorts every row to find
+    # them (the slowest step of the job when there is none to drop): only when there
+    # may be some.
+    if not checks.may_repeat_events(loaded).isEmpty():
+        distinct = checks.distinct_events(loaded).cache()
+        distinct.count()
+        loaded.unpersist()
+        loaded = distinct
     events, _ = sources.split_schema_versions(loaded)
     by_type: dict[str, int] = {}
     other_schema = 0

@@ -308,6 +308,18 @@ def test_violations_and_buckets_count_anomalies_in_their_time(spark: SparkSessio
     assert sum(b["delivered"] for b in buckets) == 4 * len(KEYS) + 1
 
 
+def test_only_events_held_twice_may_repeat(spark: SparkSession) -> None:
+    events = clean().history.events
+    assert checks.may_repeat_events(events_from_dicts(spark, events)).isEmpty()
+    # The same event twice (a file read twice); one of a restarted sidecar, whose seq
+    # is used again at another time, is not a repeat.
+    twice = events_from_dicts(spark, [*events, events[3]])
+    assert not checks.may_repeat_events(twice).isEmpty()
+    assert checks.distinct_events(twice).count() == len(events)
+    again = events_from_dicts(spark, [*events, events[3] | {"time": events[3]["time"] + 1}])
+    assert checks.may_repeat_events(again).isEmpty()
+
+
 def test_incarnations_follow_seq_resets(spark: SparkSession) -> None:
     scenario = clean()
     history = scenario.history
