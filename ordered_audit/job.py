@@ -258,12 +258,14 @@ def run_audit(spark: SparkSession, config: AuditConfig) -> AuditResult:
         if row["kind"] == checks.DUPLICATE:
             causes[row["detail"]] = causes.get(row["detail"], 0) + row["count"]
 
+    # Cached: violations_per_operation reads the operations twice, and each reading
+    # would run their whole plan (phases, keys moved, produce gaps) again.
+    changes = checks.operations(events).cache()
     operations = [
         row.asDict()
-        for row in checks.violations_per_operation(checks.operations(events), found)
-        .orderBy("start")
-        .collect()
+        for row in checks.violations_per_operation(changes, found).orderBy("start").collect()
     ]
+    changes.unpersist()
     event_buckets = {
         float(row["bucket"]): row.asDict()
         for row in checks.per_bucket(events, found, config.bucket_s).collect()
