@@ -662,26 +662,35 @@ def _ack_gaps(events: DataFrame, changes: DataFrame) -> DataFrame:
 def keys_moved(events: DataFrame) -> DataFrame:
     """Per (topic, from_generation g): keys whose partition in generation g+1 differs
     from their partition in g, among the keys written in both (produce_acked and
-    delivered records; a key written in only one of them cannot be judged)."""
+    delivered records; a key written in only one of them cannot be judged).
+
+    A key's partition in a generation is the lowest one of its records there; every
+    event naming a record names its key, so the events are grouped as they are, without
+    first making them one row per record (``records``: a sort of every record), and
+    each generation is set beside the key's next one by a window over the few rows per
+    key, not by a join of the table with itself."""
     keyed = (
-        records(events)
-        .where(F.col("key").isNotNull())
+        events.where(
+            F.col("type").isin("produce_acked", "delivered")
+            & F.col("generation").isNotNull()
+            & F.col("topic").isNotNull()
+            & F.col("key").isNotNull()
+        )
         .groupBy("topic", "generation", "key")
         .agg(F.min("partition").alias("partition"))
     )
-    before = keyed.select(
-        "topic", "key", F.col("generation").alias("from_generation"), F.col("partition").alias("p0")
-    )
-    after = keyed.select(
+    following = Window.partitionBy("topic", "key").orderBy("generation")
+    both = keyed.select(
         "topic",
-        "key",
-        (F.col("generation") - 1).alias("from_generation"),
-        F.col("partition").alias("p1"),
-    )
-    both = before.join(after, ["topic", "key", "from_generation"])
+        F.col("generation").alias("from_generation"),
+        F.col("partition").alias("p0"),
+        F.lead("generation").over(following).alias("_next"),
+        F.lead("partition").over(following).alias("p1"),
+    ).where(F.col("_next") == F.col("from_generation") + 1)
+    # One row per (topic, key, g) in ``both``: counting rows counts distinct keys.
     return both.groupBy("topic", "from_generation").agg(
-        F.count_distinct(F.when(F.col("p0") != F.col("p1"), F.col("key"))).alias("keys_moved"),
-        F.count_distinct("key").alias("keys_seen_in_both"),
+        F.count(F.when(F.col("p0") != F.col("p1"), F.lit(1))).alias("keys_moved"),
+        F.count(F.lit(1)).alias("keys_seen_in_both"),
     )
 
 
