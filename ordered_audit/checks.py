@@ -343,11 +343,17 @@ def first_deliveries(events: DataFrame) -> DataFrame:
     delivery order: re-deliveries are duplicates, not reorderings. Records without a key
     or without the sidecar's headers have no order to keep, nor have those of a topic
     without ordered delivery (``ordered`` false; older sidecars leave it out, null)."""
-    keyed = _of_type(events, "delivered").where(
-        F.col("key").isNotNull()
-        & F.col("producer").isNotNull()
-        & F.col("producer_seq").isNotNull()
-        & F.coalesce(F.col("ordered"), F.lit(True))
+    keyed = (
+        _of_type(events, "delivered")
+        .where(
+            F.col("key").isNotNull()
+            & F.col("producer").isNotNull()
+            & F.col("producer_seq").isNotNull()
+            & F.coalesce(F.col("ordered"), F.lit(True))
+        )
+        # Spread by (producer, key), which also groups each seq's deliveries: this
+        # window and ``with_newest_before``'s share the one shuffle.
+        .repartition(*KEY_IDENTITY)
     )
     per_seq = Window.partitionBy(*SEQ_IDENTITY).orderBy(*_DELIVERY_ORDER)
     return (
@@ -414,6 +420,9 @@ def records(events: DataFrame) -> DataFrame:
         .select(
             "topic", "partition", "offset", "generation", "key", "producer", "producer_seq", "time"
         )
+        # Spread by partition, which also groups each record's events: the repeats are
+        # dropped and ``with_newer_below``'s window runs after the one shuffle.
+        .repartition("topic", "partition")
         .dropDuplicates(list(RECORD_IDENTITY))
     )
 
