@@ -266,13 +266,15 @@ def _deliveries_with_identity(events: DataFrame) -> DataFrame:
     (sidecar incarnation + instance name) first appears in the audit."""
     # Only consumer-side events name an instance; their seq still restarts from 0.
     incarnated = with_incarnation(events.where(F.col("instance").isNotNull()))
-    identity = ["sidecar", "incarnation", "group", "instance"]
-    first_seen = (
-        incarnated.where(F.col("instance").isNotNull())
-        .groupBy(*identity)
-        .agg(F.min("time").alias("instance_started"))
+    # A window over the rows the incarnations' window already spread by sidecar (no
+    # second shuffle, nor a second run of that window for an aggregate joined back). An
+    # instance without a sidecar or group has no start, as an equi-join finds none.
+    identity = Window.partitionBy("sidecar", "incarnation", "group", "instance")
+    started = F.when(
+        F.col("sidecar").isNotNull() & F.col("group").isNotNull(),
+        F.min("time").over(identity),
     )
-    return _of_type(incarnated, "delivered").join(F.broadcast(first_seen), identity, "left")
+    return _of_type(incarnated.withColumn("instance_started", started), "delivered")
 
 
 def duplicates(events: DataFrame) -> DataFrame:
@@ -297,31 +299,29 @@ def duplicates(events: DataFrame) -> DataFrame:
         & ~F.coalesce(F.col("assignment") != F.col("first_assignment"), F.lit(False))
     )
     # The log was cut below what the group had read and then wrote other records at
-    # those offsets: delivering those is not delivering a record again.
+    # those offsets: delivering those is not delivering a record again. (One anti-join
+    # of the re-deliveries against the few cuts: the delivery is named by its time,
+    # sidecar and seq, so one without them is never taken for a reused offset's.)
     cuts = _of_type(events, "consumer_truncated").select(
-        "group",
-        "topic",
-        "partition",
+        F.col("group").alias("_cut_group"),
+        F.col("topic").alias("_cut_topic"),
+        F.col("partition").alias("_cut_partition"),
         F.col("resume_at").alias("_cut_from"),
         F.col("position").alias("_cut_to"),
         F.col("time").alias("_cut_at"),
     )
-    reused = (
-        again.alias("d")
-        .join(
-            cuts.alias("c"),
-            (F.col("d.group") == F.col("c.group"))
-            & (F.col("d.topic") == F.col("c.topic"))
-            & (F.col("d.partition") == F.col("c.partition"))
-            & (F.col("d.offset") >= F.col("c._cut_from"))
-            & (F.col("d.offset") < F.col("c._cut_to"))
-            & (F.col("d.time") > F.col("c._cut_at")),
-            "left_semi",
-        )
-        .select("group", "topic", "partition", "offset", "time", "sidecar", "seq")
-    )
     again = again.join(
-        reused, ["group", "topic", "partition", "offset", "time", "sidecar", "seq"], "left_anti"
+        F.broadcast(cuts),
+        (F.col("group") == F.col("_cut_group"))
+        & (F.col("topic") == F.col("_cut_topic"))
+        & (F.col("partition") == F.col("_cut_partition"))
+        & (F.col("offset") >= F.col("_cut_from"))
+        & (F.col("offset") < F.col("_cut_to"))
+        & (F.col("time") > F.col("_cut_at"))
+        & F.col("time").isNotNull()
+        & F.col("sidecar").isNotNull()
+        & F.col("seq").isNotNull(),
+        "left_anti",
     )
     cause = (
         F.when(same_instance, F.lit(SAME_INSTANCE))
