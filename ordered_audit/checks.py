@@ -198,19 +198,37 @@ def _group_progress(events: DataFrame) -> DataFrame:
     return with_read_to(partition_progress(events))
 
 
-def skipped(acked_frame: DataFrame, progress: DataFrame, delivered: DataFrame) -> DataFrame:
-    """The ``acked`` records a group read past without a delivery in ``delivered``, one
-    row per (record, group); ``progress`` is ``with_read_to``'s."""
-    reached = (
-        acked_frame.join(F.broadcast(progress), ["topic", "partition"])
+def undelivered(events: DataFrame) -> DataFrame:
+    """The ``acked`` records not delivered to a group that consumed (or committed in)
+    their topic, one row per (record, group): what ``lost`` and ``unseen`` tell apart by
+    the group's progress. One anti-join of every acknowledgement against every
+    delivery, so a job computes it once for both (the ``undelivered`` argument)."""
+    groups = (
+        events.where(F.col("type").isin("delivered", "committed"))
+        .select("group", "topic")
+        .distinct()
+    )
+    offsets = delivered_offsets(events).select("group", "topic", "partition", "offset")
+    candidates = acked(events).join(F.broadcast(groups), ["topic"])
+    return candidates.join(offsets, ["group", "topic", "partition", "offset"], "left_anti")
+
+
+def skipped(pending: DataFrame, progress: DataFrame) -> DataFrame:
+    """The ``undelivered`` records a group read past, one row per (record, group);
+    ``progress`` is ``with_read_to``'s."""
+    # Every group's progress in the record's partition: the group as the join's key
+    # too, a null one matching a null one as a join on (topic, partition) alone would.
+    theirs = progress.withColumnRenamed("group", "_progress_group")
+    return (
+        pending.join(F.broadcast(theirs), ["topic", "partition"])
+        .where(F.col("group").eqNullSafe(F.col("_progress_group")))
+        .drop("_progress_group")
         .where(F.col("offset") < F.col("read_to"))
         .where(
             (F.col("first_delivered").isNotNull() & (F.col("offset") >= F.col("first_delivered")))
             | (F.col("group_started").isNotNull() & (F.col("acked_at") >= F.col("group_started")))
         )
     )
-    offsets = delivered.select("group", "topic", "partition", "offset")
-    return reached.join(offsets, ["group", "topic", "partition", "offset"], "left_anti")
 
 
 def lost_anomalies(missing: DataFrame) -> DataFrame:
@@ -224,35 +242,29 @@ def lost_anomalies(missing: DataFrame) -> DataFrame:
     return _anomalies(missing.withColumn("time", F.col("acked_at")), LOST, detail)
 
 
-def lost(events: DataFrame) -> DataFrame:
+def lost(events: DataFrame, undelivered_records: DataFrame | None = None) -> DataFrame:
     """Acknowledged records a group skipped.
 
     A record counts as skipped by a group when the group read past its offset in its
     partition (delivered a later offset there, or committed beyond it) and either the
     group's deliveries there began at or below it, or the record was acknowledged after
     the group began consuming the topic. Records the group has not reached yet are
-    ``unseen`` (see ``unseen``), not lost.
+    ``unseen`` (see ``unseen``), not lost. ``undelivered_records``: ``undelivered``'s
+    rows of ``events`` when the caller has them already.
     """
-    return lost_anomalies(
-        skipped(acked(events), _group_progress(events), delivered_offsets(events))
-    )
+    if undelivered_records is None:
+        undelivered_records = undelivered(events)
+    return lost_anomalies(skipped(undelivered_records, _group_progress(events)))
 
 
-def unseen(events: DataFrame) -> DataFrame:
+def unseen(events: DataFrame, undelivered_records: DataFrame | None = None) -> DataFrame:
     """Per (group, topic): acknowledged records the group has not reached (not anomalies:
-    the window ended before the group read that far)."""
-    groups = (
-        events.where(F.col("type").isin("delivered", "committed"))
-        .select("group", "topic")
-        .distinct()
-    )
+    the window ended before the group read that far). ``undelivered_records`` as for
+    ``lost``."""
+    if undelivered_records is None:
+        undelivered_records = undelivered(events)
     progress = _group_progress(events).select("group", "topic", "partition", "read_to")
-    delivered = _of_type(events, "delivered").select("group", "topic", "partition", "offset")
-    candidates = acked(events).join(F.broadcast(groups), ["topic"])
-    not_delivered = candidates.join(
-        delivered, ["group", "topic", "partition", "offset"], "left_anti"
-    )
-    ahead = not_delivered.join(
+    ahead = undelivered_records.join(
         F.broadcast(progress), ["group", "topic", "partition"], "left"
     ).where(F.col("read_to").isNull() | (F.col("offset") >= F.col("read_to")))
     return ahead.groupBy("group", "topic").agg(F.count(F.lit(1)).alias("unseen"))
@@ -520,9 +532,10 @@ def consumer_truncations(events: DataFrame) -> DataFrame:
     return _anomalies(cut, CONSUMER_TRUNCATED, detail)
 
 
-def anomalies(events: DataFrame) -> DataFrame:
-    """Every anomaly of every kind, with ``ANOMALY_SCHEMA``'s columns."""
-    found = lost(events)
+def anomalies(events: DataFrame, undelivered_records: DataFrame | None = None) -> DataFrame:
+    """Every anomaly of every kind, with ``ANOMALY_SCHEMA``'s columns.
+    ``undelivered_records`` as for ``lost``."""
+    found = lost(events, undelivered_records)
     for check in (
         duplicates,
         nonmonotonic,

@@ -248,7 +248,10 @@ def run_audit(spark: SparkSession, config: AuditConfig) -> AuditResult:
             raise AuditError(str(exc)) from exc
         prometheus_summary = {"url": config.prometheus, "step": step, "series": len(series)}
 
-    found = checks.anomalies(events).cache()
+    # Both the lost records and the unseen ones are acknowledged records a group did
+    # not get: one anti-join of every acknowledgement against every delivery, kept.
+    undelivered = checks.undelivered(events).cache()
+    found = checks.anomalies(events, undelivered).cache()
     found.write.mode("overwrite").parquet(str(out / "anomalies"))
     counted = found.groupBy("kind", "detail").count().collect()
     by_kind = {kind: 0 for kind in checks.KINDS}
@@ -270,7 +273,11 @@ def run_audit(spark: SparkSession, config: AuditConfig) -> AuditResult:
         float(row["bucket"]): row.asDict()
         for row in checks.per_bucket(events, found, config.bucket_s).collect()
     }
-    unseen = [row.asDict() for row in checks.unseen(events).orderBy("group", "topic").collect()]
+    unseen = [
+        row.asDict()
+        for row in checks.unseen(events, undelivered).orderBy("group", "topic").collect()
+    ]
+    undelivered.unpersist()
     samples = _samples(found, config.samples_per_kind)
 
     for op in operations:
