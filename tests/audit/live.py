@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -125,6 +125,20 @@ def expected_anomalies(scenario: Scenario, topic: str) -> dict[tuple[str, str], 
         (checks.NONMONOTONIC, topic): 2 * len(scenario.moved_keys),
         (checks.WRITTEN_ACROSS_BARRIER, topic): 1,
     }
+
+
+async def audit_topic_records(cluster: ClusterEndpoints, topic: str) -> int:
+    """Records readable in an audit topic of ``create_audit_topic`` (below its high
+    watermarks; its writers are not transactional, so the offsets count them)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(AUDIT_PARTITIONS)]
+        ends = await consumer.end_offsets(partitions)
+        starts = await consumer.beginning_offsets(partitions)
+        return sum(ends[tp] - starts[tp] for tp in partitions)
+    finally:
+        await consumer.stop()
 
 
 async def write_events(cluster: ClusterEndpoints, topic: str, events: Sequence[Event]) -> None:

@@ -33,7 +33,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from pyspark.sql import SparkSession
 
 from ordered_audit import checks
@@ -54,8 +53,8 @@ from sidecar.adapters.zookeeper import MetadataStore
 from sidecar.core.placement import record_stamp
 from sidecar.core.routing import partition_for_key
 from tests.audit.live import (
-    AUDIT_PARTITIONS,
     anomalies_by_topic,
+    audit_topic_records,
     create_audit_topic,
     scrape,
     stream_config,
@@ -82,20 +81,6 @@ def _staying_key() -> str:
 def _stopped(pid: int) -> bool:
     # Field 3 of /proc/<pid>/stat is the state: T once SIGSTOP took effect.
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-
-
-async def _audit_topic_records(cluster: ClusterEndpoints, topic: str) -> int:
-    """Records in an audit topic of ``create_audit_topic`` (its writers are not
-    transactional: the offsets count them)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap)
-    await consumer.start()
-    try:
-        partitions = [TopicPartition(topic, p) for p in range(AUDIT_PARTITIONS)]
-        ends = await consumer.end_offsets(partitions)
-        starts = await consumer.beginning_offsets(partitions)
-        return sum(ends[tp] - starts[tp] for tp in partitions)
-    finally:
-        await consumer.stop()
 
 
 async def test_a_zombie_writing_across_a_barrier_is_reported_within_a_minute(
@@ -197,7 +182,7 @@ async def test_a_zombie_writing_across_a_barrier_is_reported_within_a_minute(
             # Stopped, both sidecars flush their audit queues: then every event is counted.
             for sidecar in started:
                 await stop_process(sidecar)
-            written = await _audit_topic_records(cluster, audit_topic)
+            written = await audit_topic_records(cluster, audit_topic)
             samples = await wait_for(http, running.port, written, COUNTED_WITHIN_S)
         assert anomalies_by_topic(samples) == expected
     finally:

@@ -32,9 +32,11 @@ from ordered_audit.stream import RunningStream, StateStore, start_stream
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.sidecars import unique
 from ordered_dev.harness.tools import free_port
+from ordered_dev.harness.waiting import eventually
 from tests.audit.live import (
     StreamProcess,
     anomalies_by_topic,
+    audit_topic_records,
     create_audit_topic,
     events_counted,
     expected_anomalies,
@@ -147,6 +149,13 @@ async def test_a_stop_lets_the_micro_batch_in_progress_end(
     audit_topic = await create_audit_topic(cluster)
     events = [e for i in range(4) for e in on_topic(faulty(), unique(f"stopped-{i}"))]
     await write_events(cluster, audit_topic, events)
+
+    # Replicated, so that the first micro-batch reads them all (it reads up to the high
+    # watermarks, which a loaded machine's followers can leave behind for a while).
+    async def readable() -> bool:
+        return await audit_topic_records(cluster, audit_topic) == len(events)
+
+    await eventually(readable, COMMITTED_WITHIN_S, "the events are readable")
     checkpoint = tmp_path / "checkpoint"
     config = stream_config(cluster, audit_topic, checkpoint)
     running: RunningStream = await asyncio.to_thread(start_stream, spark, config)
