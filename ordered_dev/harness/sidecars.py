@@ -295,6 +295,12 @@ async def terminate(process: asyncio.subprocess.Process, grace_s: float = STOP_G
             await process.wait()
 
 
+def process_stopped(pid: int) -> bool:
+    """Whether the process has stopped on SIGSTOP (a fault hook stops a sidecar)."""
+    # Field 3 of /proc/<pid>/stat is the state: T once SIGSTOP took effect.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
 async def stop_process(sidecar: SidecarProcess) -> None:
     await sidecar.http.close()
     await terminate(sidecar.process)

@@ -20,8 +20,10 @@ import aiohttp
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
+from pyspark.sql import SparkSession
 
 from ordered_audit import checks
+from ordered_audit.job import AuditConfig, AuditResult, run_audit
 from ordered_audit.stream import StreamConfig
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.sidecars import READY_WITHIN_S, RunningSidecar, settings_for, unique
@@ -139,6 +141,19 @@ async def audit_topic_records(cluster: ClusterEndpoints, topic: str) -> int:
         return sum(ends[tp] - starts[tp] for tp in partitions)
     finally:
         await consumer.stop()
+
+
+async def batch_anomalies(
+    spark: SparkSession, cluster: ClusterEndpoints, audit_topic: str, out: Path, start: float
+) -> tuple[AuditResult, list[dict[str, Any]]]:
+    """The batch audit over ``audit_topic`` from ``start``: its result and anomaly rows."""
+    result = await asyncio.to_thread(
+        run_audit,
+        spark,
+        AuditConfig(out=out, bootstrap=cluster.kafka_bootstrap, topic=audit_topic, start=start),
+    )
+    rows = spark.read.parquet(str(result.out / "anomalies")).collect()
+    return result, [row.asDict() for row in rows]
 
 
 async def write_events(cluster: ClusterEndpoints, topic: str, events: Sequence[Event]) -> None:

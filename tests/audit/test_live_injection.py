@@ -40,7 +40,7 @@ from aiokafka import AIOKafkaProducer
 from pyspark.sql import SparkSession
 
 from ordered_audit import checks
-from ordered_audit.job import AuditConfig, AuditResult, run_audit
+from ordered_audit.job import AuditResult
 from ordered_audit.stream import RunningStream, start_stream
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.consumers import create_consumer
@@ -58,6 +58,7 @@ from tests.audit.live import (
     anomalies_by_topic,
     audit_events_written,
     audited_sidecars,
+    batch_anomalies,
     create_audit_topic,
     events_counted,
     scrape,
@@ -278,17 +279,7 @@ async def injected(
     finally:
         await asyncio.to_thread(running.stop)
     assert running.query.exception() is None
-    batch = await asyncio.to_thread(
-        run_audit,
-        spark,
-        AuditConfig(
-            out=directory / "batch",
-            bootstrap=cluster.kafka_bootstrap,
-            topic=audit_topic,
-            start=began,
-        ),
-    )
-    found = [row.asDict() for row in spark.read.parquet(str(batch.out / "anomalies")).collect()]
+    batch, found = await batch_anomalies(spark, cluster, audit_topic, directory / "batch", began)
     return Injected(
         topics,
         expected,

@@ -36,12 +36,12 @@ import pytest
 from pyspark.sql import SparkSession
 
 from ordered_audit import checks
-from ordered_audit.job import AuditConfig, run_audit
 from ordered_audit.stream import RunningStream, start_stream
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.consumers import create_consumer
 from ordered_dev.harness.sidecars import (
     SidecarProcess,
+    process_stopped,
     read_all,
     settings_for,
     start_process,
@@ -55,6 +55,7 @@ from sidecar.core.routing import partition_for_key
 from tests.audit.live import (
     anomalies_by_topic,
     audit_topic_records,
+    batch_anomalies,
     create_audit_topic,
     scrape,
     stream_config,
@@ -76,11 +77,6 @@ def _staying_key() -> str:
         if partition_for_key(encoded, 2, 2) == partition_for_key(encoded, 2, 3):
             return key
     raise AssertionError("no key stays")
-
-
-def _stopped(pid: int) -> bool:
-    # Field 3 of /proc/<pid>/stat is the state: T once SIGSTOP took effect.
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 async def test_a_zombie_writing_across_a_barrier_is_reported_within_a_minute(
@@ -111,7 +107,7 @@ async def test_a_zombie_writing_across_a_barrier_is_reported_within_a_minute(
         held = asyncio.create_task(zombie.produce(topic, [{"key": key, "value": 1}]))
 
         async def zombie_stopped() -> bool:
-            return _stopped(zombie.process.pid)
+            return process_stopped(zombie.process.pid)
 
         await eventually(zombie_stopped, 30, "the zombie stops itself")
         store = MetadataStore(cluster.zookeeper_hosts, root=root)
@@ -193,17 +189,7 @@ async def test_a_zombie_writing_across_a_barrier_is_reported_within_a_minute(
         await asyncio.to_thread(running.stop)
     assert running.query.exception() is None
 
-    batch = await asyncio.to_thread(
-        run_audit,
-        spark,
-        AuditConfig(
-            out=tmp_path / "batch",
-            bootstrap=cluster.kafka_bootstrap,
-            topic=audit_topic,
-            start=began,
-        ),
-    )
-    rows = [row.asDict() for row in spark.read.parquet(str(batch.out / "anomalies")).collect()]
+    _, rows = await batch_anomalies(spark, cluster, audit_topic, tmp_path / "batch", began)
     across = [
         (r["topic"], r["partition"], r["offset"])
         for r in rows

@@ -21,7 +21,6 @@ import asyncio
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +37,7 @@ from ordered_dev.harness.sidecars import (
     RunningSidecar,
     SidecarClient,
     SidecarProcess,
+    process_stopped,
     running_sidecars,
     settings_for,
     start_process,
@@ -188,11 +188,6 @@ async def test_a_log_compacted_under_load_keeps_every_key_in_order(
     )
 
 
-def _stopped(pid: int) -> bool:
-    # Field 3 of /proc/<pid>/stat is the state: T once SIGSTOP took effect.
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-
-
 @pytest.mark.parametrize("fate", ["resumed", "killed"])
 async def test_a_compactor_stopped_mid_pass_leaves_a_log_the_next_pass_completes(
     cluster: ClusterEndpoints, fate: str
@@ -230,7 +225,7 @@ async def test_a_compactor_stopped_mid_pass_leaves_a_log_the_next_pass_completes
         )
 
         async def compactor_stopped() -> bool:
-            return _stopped(compactor.process.pid)
+            return process_stopped(compactor.process.pid)
 
         await eventually(compactor_stopped, 30, "the compactor stops itself mid-pass")
         stopped_at = time.monotonic()

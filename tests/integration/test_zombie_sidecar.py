@@ -19,13 +19,13 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 from ordered_dev.devcluster.provider import ClusterEndpoints
 from ordered_dev.harness.sidecars import (
     SidecarProcess,
     check_no_record_crossed_a_barrier,
+    process_stopped,
     read_all,
     settings_for,
     start_process,
@@ -40,11 +40,6 @@ from sidecar.core.routing import partition_for_key
 RECOVERY_BOUND_S = 30.0
 """A resumed zombie produces again within this: session expiry noticed, a new producer
 registered and initialised, the metadata re-read."""
-
-
-def _stopped(pid: int) -> bool:
-    # Field 3 of /proc/<pid>/stat is the state: T once SIGSTOP took effect.
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 async def _produce(sidecar: SidecarProcess, topic: str, key: str, value: int) -> tuple[int, Any]:
@@ -67,7 +62,7 @@ async def test_a_zombie_sidecar_is_fenced_and_recovers(cluster: ClusterEndpoints
         frozen = asyncio.create_task(_produce(zombie, topic, "frozen", 1))
 
         async def zombie_stopped() -> bool:
-            return _stopped(zombie.process.pid)
+            return process_stopped(zombie.process.pid)
 
         await eventually(zombie_stopped, 30, "the zombie stops itself")
         # Requests admitted while it is stopped: they wait in its socket.
