@@ -390,22 +390,26 @@ def kafka_section(args: argparse.Namespace, directory: Path) -> tuple[list[list[
                     conf={"spark.driver.memory": args.driver_memory},
                 )
             else:
-                standalone = SparkStandalone(directory / "standalone")
+                standalone = SparkStandalone(directory / "standalone", cores=args.standalone_cores)
                 standalone.start()
                 options = SparkOptions(
                     master=standalone.master_url,
-                    shuffle_partitions=1,
+                    shuffle_partitions=args.standalone_cores,
                     conf={
                         "spark.driver.memory": args.driver_memory,
                         "spark.executor.memory": "512m",
-                        "spark.cores.max": "1",
+                        "spark.cores.max": str(args.standalone_cores),
                     },
                 )
             spark = build_session(options, kafka=True)
             try:
                 spark_lines.append(
                     f"- {where}: Spark {spark.version}, master `{options.master}`"
-                    + (", 1 executor of 1 core and 512 MiB" if standalone else "")
+                    + (
+                        f", 1 executor of {args.standalone_cores} core(s) and 512 MiB"
+                        if standalone
+                        else ""
+                    )
                     + f", driver memory {args.driver_memory}"
                 )
                 topic = fill_audit_topic(
@@ -637,6 +641,12 @@ def main() -> None:
         help="records a micro-batch of the live audit on Kafka",
     )
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--standalone-cores",
+        type=int,
+        default=2,
+        help="cores of the standalone worker and its executor (--part kafka)",
+    )
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--driver-memory", default="2g")
     args = parser.parse_args()
