@@ -118,7 +118,8 @@ class SidecarMetrics:
         )
         self.transactions = Counter(
             "sidecar_transactions_total",
-            "Transactions of managed-topic writes, by outcome (committed, failed, fenced).",
+            "Transactions of managed-topic writes, by outcome (committed; failed: in doubt, "
+            "settled by re-initialising the id; fenced; aborted: after an earlier one failed).",
             ["outcome"],
             registry=r,
         )

@@ -46,7 +46,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from aiokafka.errors import BrokerResponseError, KafkaError
 
@@ -76,6 +76,15 @@ _log = logging.getLogger(__name__)
 
 
 Outcome = SentRecord | SendFailed
+
+# How a transaction ended (``TransactionalWriter``'s ``on_ended``): the bounded values of
+# ``sidecar_transactions_total``'s ``outcome`` label.
+TX_COMMITTED: Final = "committed"
+TX_FAILED: Final = "failed"
+"""It failed or its commit went unanswered: settled by re-initialising the id."""
+TX_FENCED: Final = "fenced"
+TX_ABORTED: Final = "aborted"
+"""Aborted, its records never visible, because an earlier transaction failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +180,7 @@ class TransactionalWriter:
     ``start`` before use (it initialises every id, which fences any earlier producer of
     them), ``stop`` at the end. ``on_fenced`` is called once, on the event loop, when an
     id turns out to belong to another producer or the writer retired itself after
-    settling a doubt.
+    settling a doubt. ``on_ended`` is told how each transaction ended (``TX_*``).
     """
 
     def __init__(
@@ -180,6 +189,7 @@ class TransactionalWriter:
         transactional_ids: Sequence[str],
         *,
         on_fenced: Callable[[], None] = lambda: None,
+        on_ended: Callable[[str], None] = lambda outcome: None,
         faults: FaultHooks | None = None,
     ) -> None:
         if not transactional_ids:
@@ -193,6 +203,7 @@ class TransactionalWriter:
         self._settings = settings
         self._timeout_s = settings.request_timeout_ms / 1000
         self._on_fenced = on_fenced
+        self._on_ended = on_ended
         self._queue: list[_Request] = []
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -478,6 +489,7 @@ class TransactionalWriter:
             await self._transaction_failed(lane, group, exc, commit_sent=True)
             return False
         self.transactions += 1
+        self._on_ended(TX_COMMITTED)
         for request, delivered in zip(group, deliveries, strict=True):
             request.settle([_outcome(d) for d in delivered])
         return True
@@ -486,6 +498,7 @@ class TransactionalWriter:
         """End a transaction that must not commit (an earlier one failed): its records
         were appended but never become visible."""
         reason = "an earlier transaction of this sidecar failed"
+        self._on_ended(TX_ABORTED)
         for request in group:
             request.fail(f"not committed: {reason}", maybe_appended=False, settled=False)
         try:
@@ -504,6 +517,7 @@ class TransactionalWriter:
     ) -> None:
         self._failed = True  # begin nothing more; later transactions abort
         reason = str(exc) or type(exc).__name__
+        self._on_ended(TX_FENCED if isinstance(exc, FENCED_ERRORS) else TX_FAILED)
         if isinstance(exc, FENCED_ERRORS):
             # Whoever fenced us completed or aborted the transaction before their own
             # initialisation returned: settled, though a commit sent before may have won.

@@ -113,11 +113,15 @@ class WriterIncarnations:
             self._settings.kafka,
             transactional_ids,
             on_fenced=self._on_writer_fenced,
+            on_ended=self._count_transaction,
             faults=self._faults,
         )
         await writer.start()
         self._metrics.producer_incarnations.inc()
         return writer
+
+    def _count_transaction(self, outcome: str) -> None:
+        self._metrics.transactions.labels(outcome).inc()
 
     def _on_writer_fenced(self) -> None:
         _log.warning(

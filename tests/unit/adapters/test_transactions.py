@@ -1,7 +1,8 @@
 """The transactional writer when Kafka refuses this sidecar's credentials at run time;
-its lanes learning of new partitions (``prepare``). No cluster: producers that never
-reach a broker, reduced to what the code under test calls (a cluster view that shows
-more partitions only after a refresh it asks for, as aiokafka's does)."""
+its lanes learning of new partitions (``prepare``); how it tells each transaction's end.
+No cluster: producers that never reach a broker, reduced to what the code under test
+calls (a cluster view that shows more partitions only after a refresh it asks for, as
+aiokafka's does)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError, TopicAuthorizationFailedError
+from aiokafka.errors import ProducerFenced as KafkaProducerFenced
 from aiokafka.producer.transaction_manager import TransactionManager
 
 from ordered_dev.harness.waiting import eventually
@@ -404,3 +406,81 @@ async def test_a_transaction_begun_ahead_that_met_an_error_is_begun_again_for_it
         ("b", "begin"),
         ("b", "send", 2, []),
     ]
+
+
+class _CommitFails(_LaneProducer):
+    """A lane whose commit fails with ``error`` once ``release`` is set."""
+
+    def __init__(self, name: str, log: list[tuple[Any, ...]], error: Exception) -> None:
+        super().__init__(name, log)
+        self.error = error
+        self.release = asyncio.Event()
+
+    async def commit_transaction(self) -> None:
+        await self.release.wait()
+        raise self.error
+
+
+async def _writer_telling(
+    monkeypatch: pytest.MonkeyPatch, producers: list[_LaneProducer], lanes: int
+) -> tuple[TransactionalWriter, list[str]]:
+    ended: list[str] = []
+    started = iter(producers)
+
+    async def start(settings: KafkaSettings, transactional_id: str) -> _LaneProducer:
+        return next(started)
+
+    monkeypatch.setattr(transactions, "start_transactional_producer", start)
+    settings = KafkaSettings(request_timeout_ms=5_000, reset_backoff_s=0.01)
+    names = [p.name for p in producers[:lanes]]
+    writer = TransactionalWriter(settings, names, on_ended=ended.append)
+    await writer.start()
+    return writer, ended
+
+
+async def test_each_transaction_is_told_as_committed_or_fenced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    first = _LaneProducer("a", log)
+    writer, ended = await _writer_telling(monkeypatch, [first], lanes=1)
+    try:
+        written = asyncio.create_task(writer.write("orders", _records(0, 1)))
+        await eventually(lambda: _true(len(first.deliveries) == 2), 5.0, "a sent its records")
+        first.deliver()
+        await written
+        assert ended == [transactions.TX_COMMITTED]
+
+        async def fenced_commit() -> None:
+            raise KafkaProducerFenced()
+
+        first.commit_transaction = fenced_commit  # type: ignore[method-assign]
+        written = asyncio.create_task(writer.write("orders", _records(2)))
+        await eventually(lambda: _true(len(first.deliveries) == 3), 5.0, "a sent its record")
+        first.deliver()
+        await written
+    finally:
+        await writer.stop()
+    assert ended == [transactions.TX_COMMITTED, transactions.TX_FENCED]
+
+
+async def test_a_failed_commit_is_told_and_so_is_each_one_aborted_behind_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    first = _CommitFails("a", log, KafkaTimeoutError())
+    second, replacement = _LaneProducer("b", log), _LaneProducer("a", log)
+    writer, ended = await _writer_telling(monkeypatch, [first, second, replacement], lanes=2)
+    try:
+        one = asyncio.create_task(writer.write("orders", _records(0)))
+        await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent")
+        two = asyncio.create_task(writer.write("orders", _records(1)))
+        first.deliver()
+        await eventually(lambda: _true(bool(second.deliveries)), 5.0, "lane b sent")
+        second.deliver()
+        first.release.set()  # a's commit fails once b's transaction waits behind it
+        await asyncio.gather(one, two)
+        await eventually(lambda: _true(len(ended) == 2), 5.0, "both told")
+    finally:
+        await writer.stop()
+    assert sorted(ended) == sorted([transactions.TX_FAILED, transactions.TX_ABORTED])
