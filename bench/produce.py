@@ -67,7 +67,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -87,6 +87,7 @@ from ordered_dev.devcluster.install import (
 )
 from ordered_dev.devcluster.provider import ClusterEndpoints, provide_cluster
 from ordered_dev.harness.sidecars import terminate
+from ordered_dev.harness.tools import free_port
 from sidecar.adapters.kafka import OutgoingKafkaRecord, SentRecord
 from sidecar.adapters.transactions import TransactionalWriter
 from sidecar.config import KafkaSecuritySettings, KafkaSettings, Secret
@@ -178,10 +179,21 @@ class ThroughputRun:
     seconds: float
     first_error: str = ""
     cpu: CpuShares | None = None
+    requests: int = 0
+    """Requests answered (writes, for the direct transactional writer); 0 where records
+    are not sent in requests."""
+    transactions: int | None = None
+    """Transactions committed meanwhile, where the path writes in transactions."""
 
     @property
     def per_second(self) -> float:
         return self.records / self.seconds
+
+    @property
+    def requests_per_transaction(self) -> float | None:
+        if not self.transactions:
+            return None
+        return self.requests / self.transactions
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float:
@@ -336,16 +348,19 @@ async def _requests_in_flight(
     """``connections`` workers each making ``request(index)`` back to back for ``seconds``."""
     began = time.perf_counter()
     deadline = began + seconds
+    requests = 0
 
     async def worker(first: int) -> None:
+        nonlocal requests
         index = first
         while time.perf_counter() < deadline:
             await request(index)
+            requests += 1
             index += connections
 
     await asyncio.gather(*(worker(k) for k in range(connections)))
     elapsed = time.perf_counter() - began
-    return ThroughputRun(tally.acked, tally.failed, elapsed, tally.first_error)
+    return ThroughputRun(tally.acked, tally.failed, elapsed, tally.first_error, requests=requests)
 
 
 async def transactional_latency(
@@ -373,8 +388,20 @@ class Sidecar:
     pid: int
     process: asyncio.subprocess.Process
     http: aiohttp.ClientSession = field(repr=False)
+    ops_url: str = ""
+    """Its operations listener (``/metrics``)."""
     cluster_id: str = ""
     """Kafka's cluster id, as REST Proxy v3 paths name it."""
+
+    async def transactions_committed(self) -> int:
+        """``sidecar_transactions_total{outcome="committed"}`` as it stands."""
+        async with self.http.get(f"{self.ops_url}/metrics") as response:
+            text = await response.text()
+        found = _COMMITTED.search(text)
+        return int(float(found.group(1))) if found else 0
+
+
+_COMMITTED = re.compile(r'^sidecar_transactions_total\{outcome="committed"\} (\S+)$', re.M)
 
 
 @contextlib.asynccontextmanager
@@ -382,6 +409,7 @@ async def sidecar_process(
     cluster: ClusterEndpoints, root: str, log: IO[bytes], connections: int
 ) -> AsyncIterator[Sidecar]:
     """``sidecar serve`` as its own process on a free port; SIGTERM at the end."""
+    ops_port = free_port()
     env = dict(os.environ)
     env |= {
         "ORDERED_SIDECAR__KAFKA__BOOTSTRAP_SERVERS": cluster.kafka_bootstrap,
@@ -390,7 +418,7 @@ async def sidecar_process(
         "ORDERED_SIDECAR__HTTP__PORT": "0",
         # Several sidecars run side by side: the operations listener's default port
         # (8081) would be taken by the first.
-        "ORDERED_SIDECAR__HTTP__OPS_PORT": "0",
+        "ORDERED_SIDECAR__HTTP__OPS_PORT": str(ops_port),
         "ORDERED_SIDECAR__HTTP__ADMIN_ENABLED": "true",
         "ORDERED_SIDECAR__HTTP__ADMIN_TOKEN": ADMIN_TOKEN,
         **kafka_security_environment(cluster.kafka_security),
@@ -412,7 +440,8 @@ async def sidecar_process(
         async with aiohttp.ClientSession(url, connector=connector) as http:
             async with http.get("/v3/clusters") as response:
                 cluster_id = (await response.json())["data"][0]["cluster_id"]
-            yield Sidecar(url, process.pid, process, http, cluster_id)
+            ops_url = f"http://127.0.0.1:{ops_port}"
+            yield Sidecar(url, process.pid, process, http, ops_url, cluster_id)
     finally:
         await terminate(process)
 
@@ -824,6 +853,7 @@ class Target:
         self, path: str, workload: Workload, seconds: float, plan: Plan
     ) -> ThroughputRun:
         meter = CpuMeter([self.sidecar.pid], self.cluster_pids)
+        committed = await self._transactions(path)
         if path in (SIDECAR, UNMANAGED):
             topic = self.managed if path == SIDECAR else self.passed_through
             run = await sidecar_throughput(self.sidecar, topic, workload, seconds, plan.connections)
@@ -847,7 +877,21 @@ class Target:
         else:
             window = plan.wide_window if path == DIRECT_WIDE else plan.window
             run = await direct_throughput(self.producer, self.plain, workload, seconds, window)
-        return dataclasses.replace(run, cpu=meter.read())
+        cpu = meter.read()
+        if committed is not None:
+            transactions = await self._transactions(path)
+            assert transactions is not None
+            run = dataclasses.replace(run, transactions=transactions - committed)
+        return dataclasses.replace(run, cpu=cpu)
+
+    async def _transactions(self, path: str) -> int | None:
+        """Transactions committed so far by what ``path`` writes through, if it writes
+        managed requests in transactions."""
+        if path in (SIDECAR, SIDECAR_WIDE):
+            return await self.sidecar.transactions_committed()
+        if path in (TRANSACTIONAL, TRANSACTIONAL_WIDE):
+            return self.writer.transactions
+        return None
 
     async def latency(
         self, path: str, workload: Workload, seconds: float, max_samples: int
@@ -1008,6 +1052,11 @@ def _paired_ratio(
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
+def _median_or_dash(values: Iterable[float | None]) -> str:
+    known = [value for value in values if value is not None]
+    return f"{statistics.median(known):,.1f}" if known else "-"
+
+
 def _cpu(runs: Sequence[ThroughputRun], which: str) -> str:
     values = [getattr(run.cpu, which) for run in runs]
     if any(value is None for value in values):
@@ -1049,6 +1098,7 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
     v3_rows = []
     headline_rows = []
     throughput_rows = []
+    transactions_rows = []
     latency_rows = []
     for result in results:
         size = f"{result.size} B"
@@ -1094,6 +1144,22 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
                 f"{p50[V3_STREAM] - p50[DIRECT]:+.2f} ms",
             ]
         )
+        for path in (SIDECAR, TRANSACTIONAL, SIDECAR_WIDE, TRANSACTIONAL_WIDE):
+            runs = result.throughput[path]
+            transactions_rows.append(
+                [
+                    size,
+                    labels[path],
+                    _median_or_dash(
+                        run.transactions / run.seconds if run.transactions is not None else None
+                        for run in runs
+                    ),
+                    _median_or_dash(run.requests_per_transaction for run in runs),
+                    _median_or_dash(
+                        run.records / run.transactions if run.transactions else None for run in runs
+                    ),
+                ]
+            )
         for path in PATHS:
             runs = result.throughput[path]
             throughput_rows.append(
@@ -1169,6 +1235,27 @@ def render(results: Sequence[SizeResult], plan: Plan) -> list[str]:
                 f"unmanaged / direct idempotent ({in_flight} in flight each)",
             ],
             goal_rows,
+        ),
+        "",
+        "## Requests per transaction (same run)",
+        "",
+        "How many requests a transaction carried (medians over the rounds): the sidecar's "
+        '`sidecar_transactions_total{outcome="committed"}` and the writer\'s own count, '
+        "read around each throughput run. In this process the writer's workers are "
+        "answered together when their transaction commits and queue their next writes in "
+        "the same turn of the event loop, so the next transaction takes them all; over "
+        "HTTP the next requests reach the sidecar one by one, and the first is appended "
+        "before the others arrive.",
+        "",
+        *markdown_table(
+            [
+                "record size",
+                "path",
+                "transactions/s",
+                "requests per transaction",
+                "records per transaction",
+            ],
+            transactions_rows,
         ),
         "",
         "## REST Proxy v3 against direct aiokafka (managed topic, same run)",
