@@ -221,6 +221,11 @@ class TransactionalWriter:
         appended yet: requests queued now have their partitions added to it."""
         self.partitions_added_ahead = 0
         """Partitions asked to be added to a transaction before their records."""
+        self._linger_s = settings.transaction_linger_ms / 1000
+        self._last_group = 0
+        """Requests the last transaction took."""
+        self._gathered: asyncio.Event | None = None
+        """Set when the queue holds ``_last_group`` requests while ``_linger`` waits."""
 
     @property
     def fenced(self) -> bool:
@@ -285,6 +290,8 @@ class TransactionalWriter:
             return WriteResult(request.answer.result(), request.final)
         self._queue.append(request)
         self._wakeup.set()
+        if self._gathered is not None and len(self._queue) >= self._last_group:
+            self._gathered.set()
         if self._ahead is not None:
             self._add_ahead(self._ahead, request)
         await asyncio.wait({request.answer}, timeout=2 * self._timeout_s)
@@ -310,11 +317,13 @@ class TransactionalWriter:
             await self._wakeup.wait()
             self._wakeup.clear()
             if self._queue and not self._failed:
+                await self._linger()
                 lane = self._lanes[self._next_lane]
                 if lane.ending is not None:
                     await asyncio.wait({lane.ending})  # one transaction per id at a time
                 if self._queue and not self._failed:
                     group, self._queue = self._queue, []
+                    self._last_group = len(group)
                     # Requests queued from now on go to the transaction after this one.
                     self._ahead = None
                     group = await self._with_known_partitions(group)
@@ -327,6 +336,34 @@ class TransactionalWriter:
                 return
             if self._queue:
                 self._wakeup.set()
+
+    async def _linger(self) -> None:
+        """Wait up to ``kafka.transaction_linger_ms`` for more requests before the next
+        transaction takes the queue, when requests come from several clients at once.
+
+        Transactions commit one after the other and each takes about as long whatever it
+        carries, so throughput follows how many requests a transaction takes. Requests
+        answered together by one commit come back one by one over HTTP, and the first
+        would begin a transaction alone; the others then form the next, and the two
+        halves keep alternating. While a transaction is still in progress the wait runs
+        its whole length (that is how the halves merge); otherwise it ends once the queue
+        holds as many requests as the last transaction took. A lone client's request
+        (nothing in progress, one request last time) never waits."""
+        if self._linger_s <= 0 or self._stopping:
+            return
+        busy = self._last_ending is not None and not self._last_ending.done()
+        if not busy and len(self._queue) >= self._last_group:
+            return
+        self._gathered = None if busy else asyncio.Event()
+        try:
+            if self._gathered is None:
+                await asyncio.sleep(self._linger_s)
+            else:
+                await asyncio.wait_for(self._gathered.wait(), self._linger_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._gathered = None
 
     async def _with_known_partitions(self, group: list[_Request]) -> list[_Request]:
         """The requests whose partitions the producers' metadata shows (a partition added

@@ -37,6 +37,15 @@ class KafkaSettings:
     transaction's time is that wait: with 5 ms a lone managed request's p50 / p90 went
     from 7.9 / 28.7 to 4.8 / 10.2 ms in ``bench.ab`` (docs/fencing.md). Lower costs the
     transaction coordinator more requests while it writes markers."""
+    transaction_linger_ms: float = 5.0
+    """How long a transaction waits for more requests before its records are sent, when
+    requests come from more than one client at a time (a transaction of the sidecar's is
+    still in progress, or the last one carried several requests); a lone client's request
+    never waits. Transactions commit one after the other, each about as long whatever
+    it carries, so throughput follows the requests a transaction takes: over HTTP the
+    clients' next requests arrive one by one, and without a wait the first began a
+    transaction of its own (docs/fencing.md, "Requests gathered into a transaction").
+    0 turns it off."""
     transaction_lanes: int = 3
     """Transactional ids (each with its own producer) a sidecar writes through in turn:
     with more than one, the next transaction is appended while the previous one commits

@@ -355,3 +355,8 @@ def _validate(section: str, values: Any) -> None:
         )
     if section == "kafka" and values.replication_margin_ms < 0:
         raise ConfigError("kafka.replication_margin_ms must not be negative")
+    if section == "kafka" and not 0 <= values.transaction_linger_ms < values.request_timeout_ms:
+        raise ConfigError(
+            f"kafka.transaction_linger_ms must be from 0 (off) to below "
+            f"kafka.request_timeout_ms, got {values.transaction_linger_ms}"
+        )

@@ -484,3 +484,107 @@ async def test_a_failed_commit_is_told_and_so_is_each_one_aborted_behind_it(
     finally:
         await writer.stop()
     assert sorted(ended) == sorted([transactions.TX_FAILED, transactions.TX_ABORTED])
+
+
+class _PromptLane(_LaneProducer):
+    """A lane whose records are acknowledged as soon as they are sent, and whose commit
+    waits for ``commits`` to be set (set from the start unless the test clears it)."""
+
+    def __init__(self, name: str, log: list[tuple[Any, ...]]) -> None:
+        super().__init__(name, log)
+        self.commits = asyncio.Event()
+        self.commits.set()
+
+    async def send(self, topic: str, *, partition: int, **record: Any) -> asyncio.Future[Any]:
+        delivery = await super().send(topic, partition=partition, **record)
+        self.deliver()
+        return delivery
+
+    async def commit_transaction(self) -> None:
+        await self.commits.wait()
+        await super().commit_transaction()
+
+
+async def _lingering_writer(
+    monkeypatch: pytest.MonkeyPatch, lanes: list[_PromptLane], linger_ms: float
+) -> TransactionalWriter:
+    started = iter(lanes)
+
+    async def start(settings: KafkaSettings, transactional_id: str) -> _PromptLane:
+        return next(started)
+
+    monkeypatch.setattr(transactions, "start_transactional_producer", start)
+    settings = KafkaSettings(request_timeout_ms=30_000, transaction_linger_ms=linger_ms)
+    writer = TransactionalWriter(settings, [lane.name for lane in lanes])
+    await writer.start()
+    return writer
+
+
+def _transactions(log: list[tuple[Any, ...]]) -> list[list[int]]:
+    """The partitions written in each transaction, in the order they committed."""
+    sent: dict[str, list[int]] = {}
+    committed = []
+    for name, what, *rest in log:
+        if what == "send":
+            sent.setdefault(name, []).append(rest[0])
+        elif what == "commit":
+            committed.append(sent.pop(name, []))
+    return committed
+
+
+async def test_a_lone_clients_request_never_waits_for_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    writer = await _lingering_writer(monkeypatch, [_PromptLane("a", log)], linger_ms=20_000)
+    try:
+        for partition in range(3):  # far less than one linger for all three
+            written = await asyncio.wait_for(writer.write("orders", _records(partition)), 10)
+            assert isinstance(written.outcomes[0], SentRecord)
+    finally:
+        await writer.stop()
+    assert _transactions(log) == [[0], [1], [2]]
+
+
+async def test_a_transaction_waits_for_as_many_requests_as_the_last_one_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    writer = await _lingering_writer(monkeypatch, [_PromptLane("a", log)], linger_ms=20_000)
+    try:
+        # Two clients answered by one commit: queued in the same turn, one transaction.
+        await asyncio.gather(
+            writer.write("orders", _records(0)), writer.write("orders", _records(1))
+        )
+        # Their next requests come back one by one: the first waits for the second ...
+        first = asyncio.create_task(writer.write("orders", _records(2)))
+        await asyncio.sleep(0.05)
+        assert not first.done(), "the first request did not wait for the second"
+        second = asyncio.create_task(writer.write("orders", _records(3)))
+        # ... and no longer than that (far less than the linger).
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+    finally:
+        await writer.stop()
+    assert _transactions(log) == [[0, 1], [2, 3]]
+
+
+async def test_requests_queued_while_a_transaction_commits_wait_the_linger_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[tuple[Any, ...]] = []
+    first_lane, second_lane = _PromptLane("a", log), _PromptLane("b", log)
+    writer = await _lingering_writer(monkeypatch, [first_lane, second_lane], linger_ms=500)
+    try:
+        first_lane.commits.clear()  # the first transaction stays in progress
+        one = asyncio.create_task(writer.write("orders", _records(0)))
+        await eventually(lambda: _true(bool(first_lane.deliveries)), 5.0, "lane a sent")
+        # The last transaction took one request, but one is in progress: a request queued
+        # now waits the linger out, and one more arriving meanwhile joins it.
+        two = asyncio.create_task(writer.write("orders", _records(1)))
+        await asyncio.sleep(0.1)
+        three = asyncio.create_task(writer.write("orders", _records(2)))
+        first_lane.commits.set()
+        await asyncio.wait_for(asyncio.gather(one, two, three), 10)
+    finally:
+        await writer.stop()
+    assert _transactions(log) == [[0], [1, 2]]

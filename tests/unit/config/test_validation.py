@@ -36,6 +36,17 @@ from tests.unit.config.support import config_file
             "produce.header_format must be one of stamp, separate; got 'four'",
         ),
         ('[zookeeper]\nroot = "ordered"\n', {}, "absolute path"),
+        ("[kafka]\ntransaction_linger_ms = -1\n", {}, "kafka.transaction_linger_ms must be"),
+        (
+            "",
+            {"ORDERED_SIDECAR__KAFKA__TRANSACTION_LINGER_MS": "nan"},
+            "kafka.transaction_linger_ms must be from 0 (off) to below",
+        ),
+        (
+            "[kafka]\nrequest_timeout_ms = 1000\ntransaction_linger_ms = 1000\n",
+            {},
+            "below kafka.request_timeout_ms, got 1000",
+        ),
         ("[produce]\nstream_max_in_flight = 0\n", {}, "produce.stream_max_in_flight must be"),
         (
             "",
