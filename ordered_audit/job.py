@@ -223,14 +223,20 @@ def run_audit(spark: SparkSession, config: AuditConfig) -> AuditResult:
     events, _ = sources.split_schema_versions(loaded)
     by_type: dict[str, int] = {}
     other_schema = 0
-    for row in loaded.groupBy("schema", "type").count().collect():
+    times: list[float] = []
+    # The counts and the window's bounds in one action: each one plans and scans the
+    # events again.
+    per_type = loaded.groupBy("schema", "type").agg(
+        F.count(F.lit(1)).alias("count"), F.min("time").alias("first"), F.max("time").alias("last")
+    )
+    for row in per_type.collect():
         if row["schema"] == SCHEMA_VERSION:
             by_type[row["type"]] = row["count"]
+            times += [bound for bound in (row["first"], row["last"]) if bound is not None]
         else:
             other_schema += row["count"]
-    bounds = events.agg(F.min("time").alias("first"), F.max("time").alias("last")).first()
-    first_time = bounds["first"] if bounds is not None else None
-    last_time = bounds["last"] if bounds is not None else None
+    first_time = min(times, key=_spark_order, default=None)
+    last_time = max(times, key=_spark_order, default=None)
     start = config.start if config.start is not None else first_time
     end = config.end if config.end is not None else (None if last_time is None else last_time + 1)
     if start is None or end is None:
@@ -405,6 +411,11 @@ def _buckets(
         row.update(_stats_columns(bucket_stats, bool(config.prometheus)))
         rows.append(row)
     return rows
+
+
+def _spark_order(value: float) -> tuple[bool, float]:
+    """Orders numbers as Spark's min and max do: NaN above every other."""
+    return (math.isnan(value), value)
 
 
 def _samples(found: DataFrame, per_kind: int) -> list[dict[str, Any]]:
