@@ -139,6 +139,11 @@ def session_settings(options: SparkOptions, *, kafka: bool) -> dict[str, str]:
         # time: 10 s against 20 s for a small audit on 2 cores). --conf turns it back
         # on for a large window on a cluster.
         "spark.sql.adaptive.enabled": "false",
+        # A run generates some 400 classes: Spark's cache of compiled ones (100 by
+        # default) keeps none of them for the next run in the session, which compiles
+        # them all again (and the JVM optimizes them again), nor for a repeat later in
+        # the same run.
+        "spark.sql.codegen.cache.maxEntries": "1000",
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.host": options.driver_host,
         "spark.driver.bindAddress": options.driver_host,
