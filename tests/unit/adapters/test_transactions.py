@@ -7,6 +7,7 @@ aiokafka's does)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -256,17 +257,19 @@ async def _writer_over(
     request_timeout_ms: int = 5_000,
     *,
     lanes: int = 2,
+    on_ended: Callable[[str], None] = lambda outcome: None,
+    **settings: Any,
 ) -> TransactionalWriter:
     """A writer of ``lanes`` lanes whose producers (the lanes', then those that replace
-    them) are ``producers`` in turn."""
+    them) are ``producers`` in turn; ``settings`` are more ``KafkaSettings``."""
     started = iter(producers)
 
     async def start(settings: KafkaSettings, transactional_id: str) -> _LaneProducer:
         return next(started)
 
     monkeypatch.setattr(transactions, "start_transactional_producer", start)
-    settings = KafkaSettings(request_timeout_ms=request_timeout_ms, retry_backoff_s=0.01)
-    writer = TransactionalWriter(settings, [p.name for p in producers[:lanes]])
+    kafka = KafkaSettings(request_timeout_ms=request_timeout_ms, retry_backoff_s=0.01, **settings)
+    writer = TransactionalWriter(kafka, [p.name for p in producers[:lanes]], on_ended=on_ended)
     await writer.start()
     return writer
 
@@ -421,29 +424,13 @@ class _CommitFails(_LaneProducer):
         raise self.error
 
 
-async def _writer_telling(
-    monkeypatch: pytest.MonkeyPatch, producers: list[_LaneProducer], lanes: int
-) -> tuple[TransactionalWriter, list[str]]:
-    ended: list[str] = []
-    started = iter(producers)
-
-    async def start(settings: KafkaSettings, transactional_id: str) -> _LaneProducer:
-        return next(started)
-
-    monkeypatch.setattr(transactions, "start_transactional_producer", start)
-    settings = KafkaSettings(request_timeout_ms=5_000, reset_backoff_s=0.01)
-    names = [p.name for p in producers[:lanes]]
-    writer = TransactionalWriter(settings, names, on_ended=ended.append)
-    await writer.start()
-    return writer, ended
-
-
 async def test_each_transaction_is_told_as_committed_or_fenced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log: list[tuple[Any, ...]] = []
     first = _LaneProducer("a", log)
-    writer, ended = await _writer_telling(monkeypatch, [first], lanes=1)
+    ended: list[str] = []
+    writer = await _writer_over(monkeypatch, [first], lanes=1, on_ended=ended.append)
     try:
         written = asyncio.create_task(writer.write("orders", _records(0, 1)))
         await eventually(lambda: _true(len(first.deliveries) == 2), 5.0, "a sent its records")
@@ -470,7 +457,10 @@ async def test_a_failed_commit_is_told_and_so_is_each_one_aborted_behind_it(
     log: list[tuple[Any, ...]] = []
     first = _CommitFails("a", log, KafkaTimeoutError())
     second, replacement = _LaneProducer("b", log), _LaneProducer("a", log)
-    writer, ended = await _writer_telling(monkeypatch, [first, second, replacement], lanes=2)
+    ended: list[str] = []
+    writer = await _writer_over(
+        monkeypatch, [first, second, replacement], on_ended=ended.append, reset_backoff_s=0.01
+    )
     try:
         one = asyncio.create_task(writer.write("orders", _records(0)))
         await eventually(lambda: _true(bool(first.deliveries)), 5.0, "lane a sent")
@@ -505,21 +495,6 @@ class _PromptLane(_LaneProducer):
         await super().commit_transaction()
 
 
-async def _lingering_writer(
-    monkeypatch: pytest.MonkeyPatch, lanes: list[_PromptLane], linger_ms: float
-) -> TransactionalWriter:
-    started = iter(lanes)
-
-    async def start(settings: KafkaSettings, transactional_id: str) -> _PromptLane:
-        return next(started)
-
-    monkeypatch.setattr(transactions, "start_transactional_producer", start)
-    settings = KafkaSettings(request_timeout_ms=30_000, transaction_linger_ms=linger_ms)
-    writer = TransactionalWriter(settings, [lane.name for lane in lanes])
-    await writer.start()
-    return writer
-
-
 def _transactions(log: list[tuple[Any, ...]]) -> list[list[int]]:
     """The partitions written in each transaction, in the order they committed."""
     sent: dict[str, list[int]] = {}
@@ -536,7 +511,9 @@ async def test_a_lone_clients_request_never_waits_for_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log: list[tuple[Any, ...]] = []
-    writer = await _lingering_writer(monkeypatch, [_PromptLane("a", log)], linger_ms=20_000)
+    writer = await _writer_over(
+        monkeypatch, [_PromptLane("a", log)], 30_000, lanes=1, transaction_linger_ms=20_000
+    )
     try:
         for partition in range(3):  # far less than one linger for all three
             written = await asyncio.wait_for(writer.write("orders", _records(partition)), 10)
@@ -550,7 +527,9 @@ async def test_a_transaction_waits_for_as_many_requests_as_the_last_one_took(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log: list[tuple[Any, ...]] = []
-    writer = await _lingering_writer(monkeypatch, [_PromptLane("a", log)], linger_ms=20_000)
+    writer = await _writer_over(
+        monkeypatch, [_PromptLane("a", log)], 30_000, lanes=1, transaction_linger_ms=20_000
+    )
     try:
         # Two clients answered by one commit: queued in the same turn, one transaction.
         await asyncio.gather(
@@ -573,7 +552,9 @@ async def test_requests_queued_while_a_transaction_commits_wait_the_linger_out(
 ) -> None:
     log: list[tuple[Any, ...]] = []
     first_lane, second_lane = _PromptLane("a", log), _PromptLane("b", log)
-    writer = await _lingering_writer(monkeypatch, [first_lane, second_lane], linger_ms=500)
+    writer = await _writer_over(
+        monkeypatch, [first_lane, second_lane], 30_000, transaction_linger_ms=500
+    )
     try:
         first_lane.commits.clear()  # the first transaction stays in progress
         one = asyncio.create_task(writer.write("orders", _records(0)))
