@@ -5,8 +5,10 @@ that reveals it; and the driver's journal and snapshots, replayed after a restar
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import random
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -404,6 +406,41 @@ def test_a_state_rebuilt_from_snapshot_and_journal_finds_what_the_running_one_fi
     assert check(rebuilt, parts[-1], rebuilt.newest) == check(
         reference, parts[-1], reference.newest
     )
+
+
+class _Node:
+    """An object that can be in a reference cycle and be watched by a weak reference."""
+
+    me: object = None
+
+
+def test_a_batch_is_checked_with_the_collector_paused_and_its_cycles_then_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = StreamConfig(bootstrap="unused", topic="unused", checkpoint=tmp_path)
+    audit = LiveAudit(config, StreamMetrics(live_checks.STREAM_KINDS, 5))
+    seen: list[bool] = []
+    cycles: list[weakref.ref[_Node]] = []
+    original = live_checks.check_batch
+
+    def watched(state: LiveState, events: Sequence[Event], cutoff: float | None) -> list[Any]:
+        seen.append(gc.isenabled())
+        node = _Node()
+        node.me = node  # garbage once this call returns: only the collector frees it
+        cycles.append(weakref.ref(node))
+        return original(state, events, cutoff)
+
+    monkeypatch.setattr(live_checks, "check_batch", watched)
+    frozen = gc.get_freeze_count()
+    try:
+        audit.check_values(values(clean().history.events), 0, 0.0)
+        assert seen == [False]
+        assert gc.isenabled()
+        assert cycles[0]() is None, "the batch's cycle was frozen, not collected"
+        # The state the batch left is out of the collector's reach.
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
 
 
 def totals_of(metrics: StreamMetrics) -> Totals:
