@@ -41,6 +41,7 @@ pyspark is imported only when the job runs, as in ``ordered_audit.job``.
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
 import json
 import logging
@@ -52,6 +53,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -334,7 +336,12 @@ class LiveAudit:
         self._state = None
         watermark = None if state.newest is None else state.newest - self.config.lateness_s
         cutoff = None if watermark is None else watermark - self.config.horizon_s
-        late = 0 if watermark is None else sum(1 for e in events if e["time"] < watermark)
+        # parse_events sorts the events by delivery order, time first.
+        late = (
+            0
+            if watermark is None
+            else bisect.bisect_left(events, watermark, key=itemgetter("time"))
+        )
         found = live_checks.check_batch(state, events, cutoff)
         counts: dict[tuple[str, str | None], int] = {}
         for anomaly in found:
@@ -360,7 +367,7 @@ class LiveAudit:
         self.metrics.record_batch(
             events=len(events),
             late=late,
-            newest=max(e["time"] for e in events),
+            newest=events[-1]["time"],
             anomalies=counts,
             state_rows=state_rows,
         )

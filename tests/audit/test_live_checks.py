@@ -408,6 +408,28 @@ def test_a_state_rebuilt_from_snapshot_and_journal_finds_what_the_running_one_fi
     )
 
 
+def test_events_older_than_the_watermark_are_counted_late(tmp_path: Path) -> None:
+    events = sorted(clean().history.events, key=live_checks.delivery_order)
+    older, newer = events[: len(events) // 2], events[len(events) // 2 :]
+    # The watermark falls inside the older half.
+    lateness = newer[-1]["time"] - older[len(older) // 2]["time"]
+    config = StreamConfig(
+        bootstrap="unused", topic="unused", checkpoint=tmp_path, lateness_s=lateness
+    )
+    metrics = StreamMetrics(live_checks.STREAM_KINDS, 5)
+    audit = LiveAudit(config, metrics)
+    audit.check_values(values(newer), 0, 0.0)
+    assert metric(metrics, "sidecar_audit_stream_late_events_total") == 0
+    # The older half, after the newer: late where older than the newest time less the
+    # lateness.
+    audit.check_values(values(older), 1, 0.0)
+    watermark = newer[-1]["time"] - lateness
+    expected = sum(1 for e in older if e["time"] < watermark)
+    assert 0 < expected < len(older)
+    assert metric(metrics, "sidecar_audit_stream_late_events_total") == expected
+    assert metric(metrics, "sidecar_audit_stream_events_total") == len(events)
+
+
 class _Node:
     """An object that can be in a reference cycle and be watched by a weak reference."""
 
