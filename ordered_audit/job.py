@@ -215,8 +215,14 @@ def run_audit(spark: SparkSession, config: AuditConfig) -> AuditResult:
     began = time.monotonic()
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    # Read once (the Kafka source would read the topic again for every action).
-    loaded = load_events(spark, config).cache()
+    loaded = load_events(spark, config)
+    # Read once, into Spark's cache, where each action would read it again at a cost:
+    # the Kafka source reads the topic again, JSON lines are parsed again. Parquet is
+    # not: each action reads only the columns it needs, which costs less than caching
+    # every column (measured: 3.4-3.7 s of a run of 1,000,000 events went to building
+    # the cache; the whole run took 16-17 s without it, 18-20 s with it).
+    if not (config.inputs and sources.all_parquet(config.inputs, config.input_format)):
+        loaded = loaded.cache()
     # Dropping repeats keeps one whole row of each event and sorts every row to find
     # them (the slowest step of the job when there is none to drop): only when there
     # may be some.

@@ -218,6 +218,11 @@ def read_files(
     return window.apply(events.where(F.col("type").isNotNull()))
 
 
+def all_parquet(paths: Sequence[str], file_format: str = "auto") -> bool:
+    """Whether ``read_files`` reads every one of ``paths`` as Parquet."""
+    return all(_is_parquet(path, file_format) for path in paths)
+
+
 def _is_parquet(path: str, file_format: str) -> bool:
     if file_format not in {"auto", "json", "parquet"}:
         raise ValueError(f"unknown input format {file_format!r} (auto, json, parquet)")
