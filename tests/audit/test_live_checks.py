@@ -538,6 +538,34 @@ def test_values_that_are_not_events_are_left_out_and_counted() -> None:
     assert "extra" not in parsed.events[1]
 
 
+_FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(),
+    st.text(max_size=3),
+    st.lists(st.fixed_dictionaries({"source": st.integers(0, 9)}), max_size=2),
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from([*live_checks.EVENT_FIELDS, "extra", "other"]), _FIELD_VALUES)
+)
+def test_an_event_is_conformed_field_by_field_whatever_its_shape(raw: dict[str, Any]) -> None:
+    # What conform promises, field by field: known fields only, each of its type or
+    # absent. Its shortcut by the event's shape must give the same.
+    expected = {}
+    for name, value in raw.items():
+        kind = live_checks.EVENT_FIELDS.get(name)
+        if kind is not None and value is not None:
+            typed = live_checks._typed(value, kind)
+            if typed is not None:
+                expected[name] = typed
+    assert live_checks.conform(dict(raw)) == expected
+    # Again, with the shape now known.
+    assert live_checks.conform(dict(raw)) == expected
+
+
 # Any history, any cut: what the batch checks find ----------------------------------------
 
 
