@@ -465,6 +465,30 @@ def test_a_batch_is_checked_with_the_collector_paused_and_its_cycles_then_collec
         gc.unfreeze()
 
 
+def test_a_cycle_alive_across_a_batch_is_freed_by_the_next_full_collection(
+    tmp_path: Path,
+) -> None:
+    # As the batch's DataFrame is: alive while the batch is checked, a cycle (py4j's
+    # proxies refer to themselves), dropped once the batch function returns.
+    config = StreamConfig(
+        bootstrap="unused", topic="unused", checkpoint=tmp_path, full_collection_batches=2
+    )
+    audit = LiveAudit(config, StreamMetrics(live_checks.STREAM_KINDS, 5))
+    parts = cut(clean().history.events, 2)
+    try:
+        spark_object = _Node()
+        spark_object.me = spark_object
+        watched = weakref.ref(spark_object)
+        audit.check_values(values(parts[0]), 0, 0.0)
+        del spark_object
+        gc.collect()
+        assert watched() is not None, "frozen with the state: out of the collector's reach"
+        audit.check_values(values(parts[1]), 1, 0.0)  # the second: everything collected
+        assert watched() is None
+    finally:
+        gc.unfreeze()
+
+
 def totals_of(metrics: StreamMetrics) -> Totals:
     """The counters' values, as ``Totals``."""
     anomalies = {}
