@@ -252,8 +252,18 @@ def test_the_session_is_embedded_quiet_and_local_by_default() -> None:
     )
     assert settings["spark.jars.ivy"].endswith("spark-ivy")
     assert "spark.jars.packages" not in session_settings(SparkOptions(), kafka=False)
+    # Without the query context's five py4j round trips a column function.
+    assert settings["spark.python.sql.dataFrameDebugging.enabled"] == "false"
     overridden = session_settings(SparkOptions(conf={"spark.ui.enabled": "true"}), kafka=False)
     assert overridden["spark.ui.enabled"] == "true"
+
+
+def test_the_running_session_skips_the_query_context(spark: SparkSession) -> None:
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    # What PySpark's column functions read before each call (cached for the process).
+    assert not is_debugging_enabled()
 
 
 # Prometheus arithmetic ---------------------------------------------------------------
