@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import signal
 import statistics
 import time
@@ -23,6 +22,7 @@ from typing import IO, Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.machine import py_spy_path
 from bench.produce import ADMIN_TOKEN, Sidecar, percentile, sidecar_process
 from ordered_dev.devcluster.provider import ClusterEndpoints
 
@@ -303,9 +303,7 @@ async def profiled(processes: Mapping[str, int], output: Path | None) -> AsyncIt
     if output is None:
         yield
         return
-    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path="/tmp/tools/bin")
-    if py_spy is None:
-        raise RuntimeError("profiling needs py-spy on the PATH (or in /tmp/tools/bin)")
+    py_spy = py_spy_path()
     spies = [
         await asyncio.create_subprocess_exec(
             py_spy,

@@ -4,6 +4,7 @@ and the local cluster's processes and ZooKeeper root."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -128,3 +129,13 @@ async def remove_data(cluster: ClusterEndpoints, topics: Sequence[str], root: st
     finally:
         await admin.close()
     delete_root(cluster.zookeeper_hosts, root)
+
+
+def py_spy_path() -> str:
+    """Where py-spy is: on the PATH, or in /tmp/tools/bin (``pip install --target
+    /tmp/tools py-spy``: it is not a dependency). Raises RuntimeError when it is in
+    neither; a benchmark asks before its first phase, not after its last."""
+    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path="/tmp/tools/bin")
+    if py_spy is None:
+        raise RuntimeError("profiling needs py-spy on the PATH (or in /tmp/tools/bin)")
+    return py_spy

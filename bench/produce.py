@@ -76,7 +76,15 @@ import aiohttp
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench.machine import CpuMeter, CpuShares, cluster_pids, cores, delete_root, kafka_line
+from bench.machine import (
+    CpuMeter,
+    CpuShares,
+    cluster_pids,
+    cores,
+    delete_root,
+    kafka_line,
+    py_spy_path,
+)
 from bench.report import markdown_table, measure_and_write
 from ordered_dev.devcluster.install import (
     _SLF4J_VERSION,
@@ -764,9 +772,7 @@ async def profile_sidecar(
     sidecar: Sidecar, topic: str, workload: Workload, plan: Plan, output: Path
 ) -> ThroughputRun:
     """One extra sidecar throughput phase under py-spy (not counted in the results)."""
-    py_spy = shutil.which("py-spy")
-    if py_spy is None:
-        raise RuntimeError("--profile needs py-spy on the PATH")
+    py_spy = py_spy_path()
     seconds = max(5, int(plan.throughput_s))
     spy = await asyncio.create_subprocess_exec(
         py_spy,
@@ -1339,6 +1345,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "PLAINTEXT, on a secured cluster of its own",
     )
     args = parser.parse_args(argv)
+    if args.profile is not None:
+        py_spy_path()  # before the run, not after its ten minutes
     plan = QUICK if args.quick else FULL
     java = not (args.quick or args.no_java)
 
