@@ -122,6 +122,7 @@ class StreamConfig:
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     """How long a stop waits for the micro-batch in progress to end."""
     full_collection_batches: int = FULL_COLLECTION_BATCHES
+    """Batches between two collections of everything, the frozen state too (at least 1)."""
 
     def source_settings(self) -> dict[str, str]:
         settings = {"startingOffsets": self.starting_offsets}
@@ -391,7 +392,7 @@ class LiveAudit:
 
 
 @contextmanager
-def _collector_paused(everything: bool = False) -> Iterator[None]:
+def _collector_paused(everything: bool) -> Iterator[None]:
     """Python's cyclic garbage collector off while a batch is checked, then what the
     batch made collected once and the survivors frozen out of its reach.
 
