@@ -53,15 +53,15 @@ from aiokafka.errors import BrokerResponseError, KafkaError
 from sidecar.adapters.kafka import (
     FENCED_ERRORS,
     OutgoingKafkaRecord,
+    QueuedRecord,
     SendFailed,
     SentRecord,
     add_partitions_ahead,
     await_partition_count,
-    enqueue,
+    enqueue_all,
     in_transaction,
     ready_to_begin,
     refused_identity,
-    sent_record,
     start_transactional_producer,
 )
 from sidecar.config import ConfigError, KafkaSettings
@@ -423,7 +423,7 @@ class TransactionalWriter:
     async def _append(self, lane: _Lane, group: list[_Request]) -> None:
         """Begin a transaction on ``lane`` with ``group``'s records and wait until they are
         appended; then leave its commit to a task of its own (``_end``)."""
-        deliveries: list[list[Any]] = []
+        deliveries: list[list[QueuedRecord | SendFailed]] = []
         self._faults.before_send(self.transactional_ids)
         begun, lane.begun_ahead = lane.begun_ahead, False
         try:
@@ -434,16 +434,15 @@ class TransactionalWriter:
                 begun = False
             if not begun:
                 await lane.producer.begin_transaction()
-            for request in group:
-                deliveries.append(
-                    [await enqueue(lane.producer, request.topic, r) for r in request.records]
-                )
+            deliveries = await enqueue_all(
+                lane.producer, [(request.topic, request.records) for request in group]
+            )
             await self._begin_ahead()
             # The commit is asked for only once every batch is appended: aiokafka sends a
             # requested commit as soon as the pending batches are appended, also after the
             # caller gave up waiting (seen: records of a commit that had timed out,
             # answered "not written", became visible past a boundary let pass meanwhile).
-            pending = [d for delivered in deliveries for d in delivered if not _refused(d)]
+            pending = _batches(deliveries)
             if pending:
                 async with asyncio.timeout(self._timeout_s):
                     await asyncio.wait(pending)
@@ -508,7 +507,7 @@ class TransactionalWriter:
         self,
         lane: _Lane,
         group: list[_Request],
-        deliveries: list[list[Any]],
+        deliveries: list[list[QueuedRecord | SendFailed]],
         previous: asyncio.Task[bool] | None,
     ) -> bool:
         """Commit the transaction once the previous one has committed; abort it if that
@@ -645,17 +644,21 @@ async def close_transactional_producer(producer: Any, timeout_s: float, what: st
         _log.info("closing transactional producer %s: %s", what, exc)
 
 
-def _refused(delivery: Any) -> bool:
-    """Refused before it was queued: a SendFailed, with no batch to wait for."""
-    return isinstance(delivery, SendFailed)
+def _batches(deliveries: list[list[QueuedRecord | SendFailed]]) -> set[asyncio.Future[Any]]:
+    """The deliveries of the batches the records were queued in (a SendFailed was
+    refused before it was queued: no batch to wait for)."""
+    return {
+        delivery.batch
+        for delivered in deliveries
+        for delivery in delivered
+        if isinstance(delivery, QueuedRecord)
+    }
 
 
-def _retrieve_all(deliveries: list[list[Any]]) -> None:
-    for delivered in deliveries:
-        for delivery in delivered:
-            if not _refused(delivery):
-                # Nobody reads these outcomes: keep asyncio from logging them.
-                delivery.add_done_callback(_retrieve)
+def _retrieve_all(deliveries: list[list[QueuedRecord | SendFailed]]) -> None:
+    for batch in _batches(deliveries):
+        # Nobody reads these outcomes: keep asyncio from logging them.
+        batch.add_done_callback(_retrieve)
 
 
 def _retrieve(delivery: asyncio.Future[Any]) -> None:
@@ -663,13 +666,10 @@ def _retrieve(delivery: asyncio.Future[Any]) -> None:
         delivery.exception()
 
 
-def _outcome(delivery: Any) -> Outcome:
+def _outcome(delivery: QueuedRecord | SendFailed) -> Outcome:
     if isinstance(delivery, SendFailed):
         return delivery
-    if not delivery.done():
+    if not delivery.batch.done():
         # The commit returned, so every batch was flushed: cannot happen.
         return SendFailed("no acknowledgement after the commit", maybe_appended=True)
-    exc = delivery.exception()
-    if exc is not None:
-        return SendFailed(str(exc), maybe_appended=True)
-    return sent_record(delivery.result())
+    return delivery.outcome()

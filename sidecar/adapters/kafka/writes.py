@@ -1,9 +1,9 @@
 """The Kafka gateway's write side: ``KafkaWrites``, the sends of the idempotent producer
 (unmanaged topics, the audit topic) and the fencing of a transactional id; and what the
-transactional writer (``sidecar.adapters.transactions``) builds on: queueing a record
-and reading its outcome, starting a transactional producer, how often a busy
-transaction coordinator is asked again, and the wait for a producer's metadata to show
-new partitions."""
+transactional writer (``sidecar.adapters.transactions``) builds on: queueing a
+transaction's records in batches and reading their outcomes, starting a transactional
+producer, how often a busy transaction coordinator is asked again, and the wait for a
+producer's metadata to show new partitions."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import BrokerResponseError, KafkaError
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.producer.transaction_manager import TransactionState
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from sidecar.adapters.kafka.admin import KafkaAdmin
 from sidecar.adapters.kafka.clients import ConnectionState, _Clients, _close_all, client_settings
@@ -252,6 +253,130 @@ async def enqueue(
         return SendFailed(
             str(exc), maybe_appended=False, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
         )
+
+
+@dataclass(slots=True)
+class QueuedRecord:
+    """A record queued in a batch (``enqueue_all``): the batch's delivery, which says where
+    the batch landed, and the record's place and timestamp in it."""
+
+    batch: asyncio.Future[Any]
+    index: int
+    """Its offset relative to the batch's first record."""
+    timestamp_ms: int
+    """The CreateTime it was written with (Kafka reports the batch's LogAppendTime, if the
+    topic uses that, instead)."""
+
+    def outcome(self) -> SentRecord | SendFailed:
+        """Where it landed, once ``batch`` is done; else, or if the batch failed, a
+        SendFailed that may have been appended."""
+        batch = self.batch
+        if not batch.done():
+            return SendFailed("no acknowledgement of its batch", maybe_appended=True)
+        if batch.cancelled():
+            return SendFailed("its batch was cancelled", maybe_appended=True)
+        exc = batch.exception()
+        if exc is not None:
+            return SendFailed(str(exc), maybe_appended=True)
+        metadata = batch.result()
+        stamped = metadata.timestamp
+        return SentRecord(
+            metadata.partition,
+            metadata.offset + self.index,
+            self.timestamp_ms if stamped is None or stamped < 0 else stamped,
+        )
+
+
+@dataclass(slots=True)
+class _Batch:
+    """A batch being filled by ``enqueue_all``, and where each of its records sits in the
+    answer: (write, record) indexes, its offset in the batch, its timestamp."""
+
+    builder: Any
+    members: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+
+async def enqueue_all(
+    producer: Any, writes: Sequence[tuple[str, Sequence[OutgoingKafkaRecord]]]
+) -> list[list[QueuedRecord | SendFailed]]:
+    """Queue every record of ``writes`` (topic, records) on a producer whose accumulator
+    holds nothing for their partitions, in one batch per partition as far as the batch
+    size allows; an outcome per record, SendFailed for one refused before it was queued
+    (it can never be appended then). Raises the fenced errors (FENCED_ERRORS).
+
+    ``send`` per record cost the writer a future, a metadata wait, a partition check and
+    an accumulator call per record (bench/README.md, "The transactional writer's
+    batches"); a transaction's records are all known before any is sent, so they are
+    written into aiokafka's batches directly. A partition's batches are queued in order,
+    each once the sender has taken the one before (``send_batch`` waits for that, as
+    ``send`` does for a full batch), so the first batch of every partition is queued
+    before any second one: the sender takes one batch per partition a request."""
+    # The limit send() checks each record against; a record past it is refused alone.
+    max_size = producer._max_request_size
+    answer: list[list[QueuedRecord | SendFailed]] = []
+    chains: dict[tuple[str, int], list[_Batch]] = {}
+    for write, (topic, records) in enumerate(writes):
+        row: list[QueuedRecord | SendFailed] = []
+        answer.append(row)
+        for number, record in enumerate(records):
+            refusal = _refusal(record, max_size)
+            row.append(refusal or _UNSENT)
+            if refusal is not None:
+                continue
+            chain = chains.setdefault((topic, record.partition), [])
+            if not chain:
+                chain.append(_Batch(producer.create_batch()))
+            timestamp = record.timestamp_ms
+            if timestamp is None:
+                timestamp = int(time.time() * 1000)
+            key, value, headers = record.key, record.value, list(record.headers)
+            builder = chain[-1].builder
+            if builder.append(timestamp=timestamp, key=key, value=value, headers=headers) is None:
+                # Full: the record opens the partition's next batch.
+                chain.append(_Batch(producer.create_batch()))
+                builder = chain[-1].builder
+                builder.append(timestamp=timestamp, key=key, value=value, headers=headers)
+            batch = chain[-1]
+            batch.members.append((write, number, batch.builder.record_count() - 1, timestamp))
+    for turn in range(max((len(chain) for chain in chains.values()), default=0)):
+        for (topic, partition), chain in chains.items():
+            if turn >= len(chain):
+                continue
+            batch = chain[turn]
+            try:
+                delivery = await producer.send_batch(batch.builder, topic, partition=partition)
+            except FENCED_ERRORS:
+                raise
+            except KafkaError as exc:
+                failure = SendFailed(
+                    str(exc), maybe_appended=False, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
+                )
+                for write, number, _, _ in batch.members:
+                    answer[write][number] = failure
+                continue
+            for write, number, index, timestamp in batch.members:
+                answer[write][number] = QueuedRecord(delivery, index, timestamp)
+    return answer
+
+
+def _refusal(record: OutgoingKafkaRecord, max_request_size: int) -> SendFailed | None:
+    """Why aiokafka's ``send`` would refuse ``record`` before queueing it, if it would."""
+    if record.key is None and record.value is None:
+        return SendFailed("a tombstone needs a key", maybe_appended=False)
+    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+        record.key, record.value, list(record.headers)
+    )
+    if size > max_request_size:
+        return SendFailed(
+            f"The message is {size} bytes when serialized which is larger than the maximum "
+            "request size you have configured with the max_request_size configuration",
+            maybe_appended=False,
+        )
+    return None
+
+
+_UNSENT: Final = SendFailed("not queued", maybe_appended=False)
+"""A place in ``enqueue_all``'s answer until its record's batch is queued."""
 
 
 def sent_record(metadata: Any) -> SentRecord:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, cast
@@ -25,7 +26,9 @@ from aiokafka.errors import (
     ProducerFenced as ProducerFencedError,
 )
 from aiokafka.producer import sender as aiokafka_sender
+from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.producer.transaction_manager import TransactionManager
+from aiokafka.record.default_records import DefaultRecordBatch
 
 from sidecar.adapters.kafka import (
     SendFailed,
@@ -38,9 +41,11 @@ from sidecar.adapters.kafka.clients import ConnectionState, _Clients
 from sidecar.adapters.kafka.writes import (
     KafkaWrites,
     OutgoingKafkaRecord,
+    QueuedRecord,
     SentRecord,
     await_partition_count,
     enqueue,
+    enqueue_all,
     sent_record,
 )
 from sidecar.config import KafkaSettings
@@ -155,6 +160,152 @@ def test_a_sent_record_is_its_position_and_kafkas_timestamp(
 def test_records_are_equal_by_position_whatever_their_timestamps() -> None:
     assert SentRecord(2, 41, 5) == SentRecord(2, 41, None)
     assert SentRecord(2, 41) != SentRecord(2, 42)
+
+
+# Queueing a transaction's records in batches ---------------------------------------------
+
+
+class _BatchProducer:
+    """An aiokafka producer reduced to ``create_batch`` (aiokafka's own builders, of
+    ``batch_size`` bytes) and ``send_batch``, which records each batch queued and
+    raises ``errors[partition]`` for that partition."""
+
+    def __init__(
+        self,
+        batch_size: int = 16_384,
+        max_request_size: int = 1_048_576,
+        errors: dict[int, Exception] | None = None,
+    ) -> None:
+        self._max_request_size = max_request_size
+        self.batch_size = batch_size
+        self.errors = errors or {}
+        self.queued: list[tuple[str, int, list[tuple[bytes | None, bytes | None]]]] = []
+        self.deliveries: list[asyncio.Future[Any]] = []
+
+    def create_batch(self) -> BatchBuilder:
+        return BatchBuilder(self.batch_size, 0, is_transactional=True)
+
+    async def send_batch(
+        self, batch: BatchBuilder, topic: str, *, partition: int
+    ) -> asyncio.Future[Any]:
+        if partition in self.errors:
+            raise self.errors[partition]
+        records = [(r.key, r.value) for r in _records_of(batch)]
+        self.queued.append((topic, partition, records))
+        delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.deliveries.append(delivery)
+        return delivery
+
+
+def _records_of(batch: BatchBuilder) -> list[Any]:
+    """The records a batch holds, read back as Kafka would read them."""
+    return list(DefaultRecordBatch(bytes(batch._build())))
+
+
+async def test_a_transactions_records_go_in_one_batch_per_partition_in_order() -> None:
+    producer = _BatchProducer()
+    first = [
+        OutgoingKafkaRecord(1, b"a", b"1", [("h", b"x")], timestamp_ms=17),
+        OutgoingKafkaRecord(0, b"b", b"2", []),
+        OutgoingKafkaRecord(1, b"c", None, []),  # a tombstone with its key
+    ]
+    second = [OutgoingKafkaRecord(1, b"d", b"4", [])]
+    queued = await enqueue_all(producer, [("orders", first), ("orders", second)])
+    assert producer.queued == [
+        ("orders", 1, [(b"a", b"1"), (b"c", None), (b"d", b"4")]),
+        ("orders", 0, [(b"b", b"2")]),
+    ]
+    on_one, on_zero = producer.deliveries
+    on_one.set_result(SimpleNamespace(partition=1, offset=100, timestamp=-1))
+    on_zero.set_result(SimpleNamespace(partition=0, offset=7, timestamp=-1))
+    outcomes = [[q.outcome() for q in row if isinstance(q, QueuedRecord)] for row in queued]
+    assert outcomes == [
+        [SentRecord(1, 100), SentRecord(0, 7), SentRecord(1, 101)],
+        [SentRecord(1, 102)],
+    ]
+    # CreateTime: each record's own timestamp, the one given or the one it was queued at.
+    stamped = [o.timestamp_ms for o in outcomes[0] if isinstance(o, SentRecord)]
+    assert stamped[0] == 17
+    assert stamped[1] is not None
+    assert abs(stamped[1] - time.time() * 1000) < 60_000
+
+
+async def test_a_topic_stamped_by_the_broker_reports_its_log_append_time() -> None:
+    producer = _BatchProducer()
+    [[queued]] = await enqueue_all(producer, [("t", [OutgoingKafkaRecord(0, b"k", b"v", [], 17)])])
+    producer.deliveries[0].set_result(SimpleNamespace(partition=0, offset=3, timestamp=99))
+    assert isinstance(queued, QueuedRecord)
+    landed = queued.outcome()
+    assert isinstance(landed, SentRecord)
+    assert landed.timestamp_ms == 99
+
+
+async def test_batches_past_the_batch_size_are_queued_a_round_per_partition() -> None:
+    # The second batch of a partition waits until the sender takes the first: every
+    # partition's first batch is queued before any second one.
+    producer = _BatchProducer(batch_size=300)
+    records = [OutgoingKafkaRecord(i % 2, b"k%d" % i, bytes(60), []) for i in range(12)]
+    queued = await enqueue_all(producer, [("t", records)])
+    partitions = [partition for _, partition, _ in producer.queued]
+    assert len(partitions) > 2, "the batch size should split each partition's records"
+    assert partitions == [0, 1] * (len(partitions) // 2)
+    for partition in (0, 1):
+        held = [r for _, p, batch in producer.queued if p == partition for r in batch]
+        assert held == [(r.key, r.value) for r in records if r.partition == partition]
+    # Each record's offset is its batch's first offset plus its place in the batch.
+    expected = []
+    for number, ((_, partition, batch), delivery) in enumerate(
+        zip(producer.queued, producer.deliveries, strict=True)
+    ):
+        delivery.set_result(SimpleNamespace(partition=partition, offset=100 * number, timestamp=-1))
+        expected += [(partition, 100 * number + index) for index in range(len(batch))]
+    outcomes = [q.outcome() for q in queued[0] if isinstance(q, QueuedRecord)]
+    landed = sorted((o.partition, o.offset) for o in outcomes if isinstance(o, SentRecord))
+    assert landed == sorted(expected)
+    in_zero = [o.offset for o in outcomes if isinstance(o, SentRecord) and o.partition == 0]
+    assert in_zero == sorted(in_zero), "a partition's records out of their order"
+
+
+async def test_records_refused_before_queueing_fail_alone_unappended() -> None:
+    producer = _BatchProducer(max_request_size=120)
+    records = [
+        OutgoingKafkaRecord(0, None, None, []),
+        OutgoingKafkaRecord(0, b"k", bytes(500), []),
+        OutgoingKafkaRecord(0, b"k", b"v", []),
+    ]
+    [[keyless, large, kept]] = await enqueue_all(producer, [("t", records)])
+    assert _failure(keyless) == ("a tombstone needs a key", False, False)
+    message, maybe_appended, _ = _failure(large)
+    assert "larger than the maximum request size" in message
+    assert not maybe_appended
+    assert isinstance(kept, QueuedRecord)
+    assert producer.queued == [("t", 0, [(b"k", b"v")])]
+
+
+async def test_a_batch_refused_by_send_batch_fails_its_records_unappended() -> None:
+    producer = _BatchProducer(errors={1: TopicAuthorizationFailedError()})
+    records = [OutgoingKafkaRecord(0, b"a", b"1", []), OutgoingKafkaRecord(1, b"b", b"2", [])]
+    [[kept, refused]] = await enqueue_all(producer, [("t", records)])
+    assert isinstance(kept, QueuedRecord)
+    assert _failure(refused)[1:] == (False, True)
+    with pytest.raises(ProducerFencedError):
+        await enqueue_all(_BatchProducer(errors={0: ProducerFencedError()}), [("t", records)])
+
+
+async def test_a_failed_or_unanswered_batch_may_have_been_appended() -> None:
+    producer = _BatchProducer()
+    [[failed], [waiting]] = await enqueue_all(
+        producer,
+        [
+            ("t", [OutgoingKafkaRecord(0, b"a", b"1", [])]),
+            ("u", [OutgoingKafkaRecord(0, b"b", b"2", [])]),
+        ],
+    )
+    producer.deliveries[0].set_exception(NotLeaderForPartitionError())
+    assert isinstance(failed, QueuedRecord)
+    assert isinstance(waiting, QueuedRecord)
+    assert _failure(failed.outcome())[1] is True
+    assert _failure(waiting.outcome()) == ("no acknowledgement of its batch", True, False)
 
 
 def _writes() -> KafkaWrites:
