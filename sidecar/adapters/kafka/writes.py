@@ -332,7 +332,8 @@ async def enqueue_all(
             key, value, headers = record.key, record.value, list(record.headers)
             builder = chain[-1].builder
             if builder.append(timestamp=timestamp, key=key, value=value, headers=headers) is None:
-                # Full: the record opens the partition's next batch.
+                # Full: the record opens the partition's next batch (an empty batch takes
+                # any record; max_request_size was checked above).
                 chain.append(_Batch(producer.create_batch()))
                 builder = chain[-1].builder
                 builder.append(timestamp=timestamp, key=key, value=value, headers=headers)
