@@ -26,6 +26,7 @@ from aiokafka.protocol.admin import (
 
 from ordered_dev.devcluster.certificates import CertificateAuthority
 from sidecar.adapters.kafka import client_settings, consumer_settings
+from sidecar.adapters.kafka.clients import PRODUCER_BATCH_BYTES
 from sidecar.adapters.kafka_security import (
     ClientCredentialsTokens,
     FileTokens,
@@ -52,7 +53,7 @@ def test_plaintext_adds_nothing_but_the_protocol() -> None:
     common, producer = client_settings(KafkaSettings())
     assert common["security_protocol"] == "PLAINTEXT"
     assert "ssl_context" not in common
-    assert producer == {}
+    assert producer == {"max_batch_size": PRODUCER_BATCH_BYTES}
 
 
 def test_environment_strings_reach_aiokafka_as_its_types() -> None:

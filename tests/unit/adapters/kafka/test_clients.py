@@ -12,7 +12,12 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 
 from sidecar.adapters.kafka import client_settings, consumer_settings
-from sidecar.adapters.kafka.clients import ConnectionState, _Clients, _close_all
+from sidecar.adapters.kafka.clients import (
+    PRODUCER_BATCH_BYTES,
+    ConnectionState,
+    _Clients,
+    _close_all,
+)
 from sidecar.config import ConfigError, KafkaSecuritySettings, KafkaSettings, Secret
 from sidecar.core.errors import KafkaUnavailable, ShuttingDown
 
@@ -41,7 +46,7 @@ def test_every_client_connects_to_the_same_cluster_with_the_same_security() -> N
         "sasl_plain_username": "orders",
         "sasl_plain_password": "s3cret",
     }
-    assert producer == {}
+    assert producer == {"max_batch_size": PRODUCER_BATCH_BYTES}
 
 
 def test_pass_through_settings_go_to_every_client_or_to_producers_only() -> None:
@@ -58,7 +63,18 @@ def test_pass_through_settings_go_to_every_client_or_to_producers_only() -> None
     assert common["metadata_max_age_ms"] == 1000
     assert common["retry_backoff_ms"] == 50
     # The rest tune producers only (a consumer or admin client would refuse them).
-    assert producer == {"linger_ms": 5, "compression_type": "lz4"}
+    assert producer == {
+        "linger_ms": 5,
+        "compression_type": "lz4",
+        "max_batch_size": PRODUCER_BATCH_BYTES,
+    }
+
+
+def test_producers_batch_64_kib_unless_kafka_client_says_otherwise() -> None:
+    _, producer = client_settings(KafkaSettings())
+    assert producer["max_batch_size"] == 65_536
+    _, producer = client_settings(KafkaSettings(client={"max_batch_size": "16384"}))
+    assert producer["max_batch_size"] == 16_384
 
 
 @pytest.mark.parametrize("name", ["acks", "enable_idempotence", "transactional_id"])
