@@ -315,21 +315,22 @@ async def enqueue_all(
     max_size = producer._max_request_size
     answer: list[list[QueuedRecord | SendFailed]] = []
     chains: dict[tuple[str, int], list[_Batch]] = {}
+    # One clock reading for the call: its loop does not suspend, so every record without
+    # a timestamp of its own is queued within the same instant.
+    now_ms = int(time.time() * 1000)
     for write, (topic, records) in enumerate(writes):
         row: list[QueuedRecord | SendFailed] = []
         answer.append(row)
         for number, record in enumerate(records):
-            refusal = _refusal(record, max_size)
+            key, value, headers = record.key, record.value, list(record.headers)
+            refusal = _refusal(key, value, headers, max_size)
             row.append(refusal or _UNSENT)
             if refusal is not None:
                 continue
             chain = chains.setdefault((topic, record.partition), [])
             if not chain:
                 chain.append(_Batch(producer.create_batch()))
-            timestamp = record.timestamp_ms
-            if timestamp is None:
-                timestamp = int(time.time() * 1000)
-            key, value, headers = record.key, record.value, list(record.headers)
+            timestamp = now_ms if record.timestamp_ms is None else record.timestamp_ms
             builder = chain[-1].builder
             if builder.append(timestamp=timestamp, key=key, value=value, headers=headers) is None:
                 # Full: the record opens the partition's next batch (an empty batch takes
@@ -360,13 +361,13 @@ async def enqueue_all(
     return answer
 
 
-def _refusal(record: OutgoingKafkaRecord, max_request_size: int) -> SendFailed | None:
-    """Why aiokafka's ``send`` would refuse ``record`` before queueing it, if it would."""
-    if record.key is None and record.value is None:
+def _refusal(
+    key: bytes | None, value: bytes | None, headers: list[Header], max_request_size: int
+) -> SendFailed | None:
+    """Why aiokafka's ``send`` would refuse a record before queueing it, if it would."""
+    if key is None and value is None:
         return SendFailed("a tombstone needs a key", maybe_appended=False)
-    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
-        record.key, record.value, list(record.headers)
-    )
+    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
     if size > max_request_size:
         return SendFailed(
             f"The message is {size} bytes when serialized which is larger than the maximum "
