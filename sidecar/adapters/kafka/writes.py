@@ -8,7 +8,9 @@ producer's metadata to show new partitions."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -74,6 +76,7 @@ class KafkaWrites:
         self._timeout_s = settings.request_timeout_ms / 1000
         self._connection = connection
         self._admin = admin
+        self._batches: SharedBatches | None = None
 
     def _require(self) -> _Clients:
         return self._connection.require()
@@ -116,14 +119,38 @@ class KafkaWrites:
                 SendFailed(exc.message, maybe_appended=False, not_authorized=refused)
                 for _ in records
             ]
-        # Enqueued one after the other, so the accumulator keeps the request's order.
-        deliveries = [await self._enqueue(topic, record) for record in records]
-        # One wait for the whole batch: a task and a timer per record cost more than
-        # the rest of the produce path at small record sizes (see bench/README.md).
-        pending = {d for d in deliveries if not isinstance(d, SendFailed)}
+        # Written into the partitions' shared batches in order, so the request's order
+        # holds within each partition; one wait on their deliveries.
+        queued = self._shared_batches().add(topic, records)
+        pending = {q.batch for q in queued if isinstance(q, QueuedRecord)}
         if pending:
             await asyncio.wait(pending, timeout=self._timeout_s)
-        return [self._outcome(d) for d in deliveries]
+        return [self._queued_outcome(q) for q in queued]
+
+    def _shared_batches(self) -> SharedBatches:
+        """The shared batches of the current producer (a reconnect starts a new one)."""
+        producer = self._require().producer
+        if self._batches is None or self._batches.producer is not producer:
+            self._batches = SharedBatches(producer)
+        return self._batches
+
+    def _queued_outcome(self, queued: QueuedRecord | SendFailed) -> SentRecord | SendFailed:
+        """What became of a record in a shared batch, once the batch is done or the wait
+        timed out."""
+        if isinstance(queued, SendFailed):
+            return queued
+        batch = queued.batch
+        if not batch.done():
+            batch.add_done_callback(_discard_outcome)
+            return SendFailed(
+                f"no acknowledgement within {self._timeout_s:g} s", maybe_appended=True
+            )
+        exc = None if batch.cancelled() else batch.exception()
+        if exc is None:
+            return queued.outcome()
+        if isinstance(exc, SendFailed):
+            return exc  # the batch was never queued
+        return delivery_failure(exc)
 
     async def routing_partition_count(self, topic: str) -> int:
         """The partition count a plain Kafka producer routes ``topic``'s keyed records by:
@@ -199,18 +226,7 @@ class KafkaWrites:
         exc = delivery.exception()
         if exc is None:
             return sent_record(delivery.result())
-        # What reaches the future (aiokafka 0.14 producer/sender.py,
-        # SendProduceReqHandler.handle_response and _can_retry): with idempotence a
-        # batch is retried while its error is `retriable`, so a BrokerResponseError
-        # with retriable=False (MessageSizeTooLarge, RecordListTooLarge,
-        # TopicAuthorizationFailed, InvalidRequiredAcks, UnknownError for codes
-        # aiokafka lacks, ...) is the broker refusing the batch. Anything else (a batch
-        # expired without a leader in message_accumulator.drain_by_nodes, a connection
-        # error) may follow an attempt that reached the broker.
-        refused = isinstance(exc, BrokerResponseError) and not exc.retriable
-        return SendFailed(
-            str(exc), maybe_appended=not refused, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
-        )
+        return delivery_failure(exc)
 
     async def fence_producer(self, transactional_id: str) -> None:
         """Fence whoever writes with ``transactional_id``: initialise it (which bumps its
@@ -226,6 +242,23 @@ class KafkaWrites:
         except (KafkaError, TimeoutError) as exc:
             _log.info("closing the fencing producer of %s: %s", transactional_id, exc)
         _log.info("fenced %s in %.0f ms", transactional_id, 1000 * (time.monotonic() - began))
+
+
+def delivery_failure(exc: BaseException) -> SendFailed:
+    """A failed delivery of the idempotent producer as a SendFailed: whether its records
+    may have been appended, and whether the principal was refused."""
+    # What reaches the future (aiokafka 0.14 producer/sender.py,
+    # SendProduceReqHandler.handle_response and _can_retry): with idempotence a
+    # batch is retried while its error is `retriable`, so a BrokerResponseError
+    # with retriable=False (MessageSizeTooLarge, RecordListTooLarge,
+    # TopicAuthorizationFailed, InvalidRequiredAcks, UnknownError for codes
+    # aiokafka lacks, ...) is the broker refusing the batch. Anything else (a batch
+    # expired without a leader in message_accumulator.drain_by_nodes, a connection
+    # error) may follow an attempt that reached the broker.
+    refused = isinstance(exc, BrokerResponseError) and not exc.retriable
+    return SendFailed(
+        str(exc), maybe_appended=not refused, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
+    )
 
 
 async def enqueue(
@@ -379,6 +412,165 @@ def _refusal(
 
 _UNSENT: Final = SendFailed("not queued", maybe_appended=False)
 """A place in ``enqueue_all``'s answer until its record's batch is queued."""
+
+
+@dataclass(slots=True, eq=False)
+class _SharedBatch:
+    """A batch the sends to one partition fill, and the delivery their records wait on."""
+
+    builder: Any
+    delivery: asyncio.Future[Any]
+    """Ours, settled as aiokafka's delivery of the batch is, or with a SendFailed if the
+    batch could not be queued."""
+    queued: Any = None
+    """aiokafka's MessageBatch, once the batch is queued."""
+
+    def open(self) -> bool:
+        """Whether a record may still join: the sender has not taken the batch. Its record
+        count is read when the sender takes it (for the idempotent sequence numbers), not
+        when the batch is built, so a record that joined later would break the sequence;
+        a batch taken once stays closed, retries included."""
+        queued = self.queued
+        return queued is None or (queued.retry_count == 0 and not queued.future.done())
+
+
+@dataclass(slots=True, eq=False)
+class _PartitionBatches:
+    latest: _SharedBatch | None = None
+    """The partition's last batch queued."""
+    waiting: collections.deque[_SharedBatch] = field(default_factory=collections.deque)
+    """Its batches not queued yet, oldest first: each is queued once the sender has taken
+    the one before."""
+
+
+class SharedBatches:
+    """The idempotent producer's sends, written by concurrent requests into shared batches:
+    one future per batch, not per record.
+
+    ``send`` per record cost an unmanaged produce a future, a metadata wait and an
+    accumulator call per record (bench/README.md, "The unmanaged path's shared batches").
+    A partition's records join its newest batch until the sender takes it, as ``send``
+    fills aiokafka's pending batch; a batch is queued once the sender has taken the one
+    before (``send_batch`` waits for that), by one task per partition, so a partition's
+    batches keep the order their records were added in."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self._partitions: dict[tuple[str, int], _PartitionBatches] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def add(
+        self, topic: str, records: Sequence[OutgoingKafkaRecord]
+    ) -> list[QueuedRecord | SendFailed]:
+        """Append ``records`` to their partitions' batches, in order, without waiting; an
+        outcome per record, SendFailed for one refused before it was queued."""
+        producer = self.producer
+        max_size = producer._max_request_size
+        # One clock reading: nothing here suspends, so the records are added in an instant.
+        now_ms = int(time.time() * 1000)
+        answer: list[QueuedRecord | SendFailed] = []
+        for record in records:
+            key, value, headers = record.key, record.value, list(record.headers)
+            refusal = _refusal(key, value, headers, max_size)
+            if refusal is not None:
+                answer.append(refusal)
+                continue
+            timestamp = now_ms if record.timestamp_ms is None else record.timestamp_ms
+            batch = self._batch_for(topic, record.partition)
+            if (
+                batch.builder.append(timestamp=timestamp, key=key, value=value, headers=headers)
+                is None
+            ):
+                # Full: the record opens the partition's next batch (an empty batch takes
+                # any record; max_request_size was checked above).
+                batch = self._open_batch(topic, record.partition)
+                batch.builder.append(timestamp=timestamp, key=key, value=value, headers=headers)
+            answer.append(QueuedRecord(batch.delivery, batch.builder.record_count() - 1, timestamp))
+        return answer
+
+    def _batch_for(self, topic: str, partition: int) -> _SharedBatch:
+        batches = self._partitions.get((topic, partition))
+        if batches is not None:
+            if batches.waiting:
+                return batches.waiting[-1]
+            if batches.latest is not None and batches.latest.open():
+                return batches.latest
+        return self._open_batch(topic, partition)
+
+    def _open_batch(self, topic: str, partition: int) -> _SharedBatch:
+        batches = self._partitions.setdefault((topic, partition), _PartitionBatches())
+        batch = _SharedBatch(
+            self.producer.create_batch(), asyncio.get_running_loop().create_future()
+        )
+        batches.waiting.append(batch)
+        if len(batches.waiting) == 1:
+            task = asyncio.create_task(self._queue_in_order(topic, partition, batches))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return batch
+
+    async def _queue_in_order(self, topic: str, partition: int, batches: _PartitionBatches) -> None:
+        """Queue the partition's waiting batches one after the other, until none waits."""
+        waiting = batches.waiting
+        try:
+            while waiting:
+                batch = waiting[0]
+                try:
+                    delivery = await self.producer.send_batch(
+                        batch.builder, topic, partition=partition
+                    )
+                except KafkaError as exc:
+                    waiting.popleft()
+                    batch.builder.close()
+                    batch.delivery.set_exception(
+                        SendFailed(
+                            str(exc),
+                            maybe_appended=False,
+                            not_authorized=isinstance(exc, _NOT_AUTHORIZED),
+                        )
+                    )
+                    continue
+                waiting.popleft()
+                # Nothing suspended since the batch was queued: it is the partition's last
+                # in aiokafka's accumulator, where the sender takes it from.
+                pending = self.producer._message_accumulator._batches.get(
+                    TopicPartition(topic, partition)
+                )
+                batch.queued = pending[-1] if pending else None
+                if batch.queued is None or batch.queued._builder is not batch.builder:
+                    batch.builder.close()  # not found: nothing more joins it
+                batches.latest = batch
+                delivery.add_done_callback(functools.partial(_settle, batch.delivery))
+                delivery.add_done_callback(functools.partial(self._forget, topic, partition, batch))
+        finally:
+            # Cancelled (the producer closing): what still waits was never queued.
+            for batch in waiting:
+                if not batch.delivery.done():
+                    batch.delivery.set_exception(
+                        SendFailed("the producer closed", maybe_appended=False)
+                    )
+            waiting.clear()
+            if batches.latest is None:
+                self._forget(topic, partition, None)
+
+    def _forget(self, topic: str, partition: int, batch: _SharedBatch | None, *_: Any) -> None:
+        """Drop a partition's entry once ``batch``, its latest, is done and none waits: a
+        partition written once does not hold its last batch for good."""
+        batches = self._partitions.get((topic, partition))
+        if batches is not None and batches.latest is batch and not batches.waiting:
+            del self._partitions[(topic, partition)]
+
+
+def _settle(ours: asyncio.Future[Any], delivery: asyncio.Future[Any]) -> None:
+    """Settle a shared batch's delivery as aiokafka settled the batch's."""
+    if ours.done():
+        return
+    if delivery.cancelled():
+        ours.cancel()
+    elif (exc := delivery.exception()) is not None:
+        ours.set_exception(exc)
+    else:
+        ours.set_result(delivery.result())
 
 
 def sent_record(metadata: Any) -> SentRecord:

@@ -26,7 +26,7 @@ from aiokafka.errors import (
     ProducerFenced as ProducerFencedError,
 )
 from aiokafka.producer import sender as aiokafka_sender
-from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator, MessageBatch
 from aiokafka.producer.transaction_manager import TransactionManager
 from aiokafka.record.default_records import DefaultRecordBatch
 
@@ -43,6 +43,7 @@ from sidecar.adapters.kafka.writes import (
     OutgoingKafkaRecord,
     QueuedRecord,
     SentRecord,
+    SharedBatches,
     await_partition_count,
     enqueue,
     enqueue_all,
@@ -306,6 +307,157 @@ async def test_a_failed_or_unanswered_batch_may_have_been_appended() -> None:
     assert isinstance(waiting, QueuedRecord)
     assert _failure(failed.outcome())[1] is True
     assert _failure(waiting.outcome()) == ("no acknowledgement of its batch", True, False)
+
+
+# Concurrent sends sharing a partition's batches -------------------------------------------
+
+
+class _AccumulatorProducer:
+    """An idempotent aiokafka producer reduced to its real accumulator, behind
+    ``create_batch`` and ``send_batch``; the test takes batches as the sender would
+    (``take``), and ``errors`` makes ``send_batch`` refuse a partition's batches."""
+
+    def __init__(self, batch_size: int = 16_384, errors: dict[int, Exception] | None = None):
+        self._max_request_size = 1_048_576
+        self.errors = errors or {}
+        manager = TransactionManager(transactional_id=None, transaction_timeout_ms=60_000)
+        manager.set_pid_and_epoch(7, 0)
+        cluster = SimpleNamespace(leader_for_partition=lambda tp: 1)
+        self._message_accumulator = MessageAccumulator(
+            cluster, batch_size, 0, 30, txn_manager=manager
+        )
+
+    def create_batch(self) -> BatchBuilder:
+        return cast(BatchBuilder, self._message_accumulator.create_builder())
+
+    async def send_batch(self, batch: BatchBuilder, topic: str, *, partition: int) -> Any:
+        if partition in self.errors:
+            raise self.errors[partition]
+        tp = TopicPartition(topic, partition)
+        return await self._message_accumulator.add_batch(batch, tp, 5)
+
+    def take(self) -> dict[int, MessageBatch]:
+        """What the sender would take now: a batch per partition, by partition."""
+        nodes, _ = self._message_accumulator.drain_by_nodes(ignore_nodes=set())
+        return {tp.partition: batch for tp, batch in nodes.get(1, {}).items()}
+
+
+def _read(batch: MessageBatch) -> tuple[int, list[bytes | None]]:
+    """A taken batch as the broker reads it: its base sequence and its records' keys."""
+    read = DefaultRecordBatch(bytes(batch.get_data_buffer()))
+    return read.base_sequence, [record.key for record in read]
+
+
+def _record(partition: int, key: bytes, size: int = 1) -> OutgoingKafkaRecord:
+    return OutgoingKafkaRecord(partition, key, bytes(size), [])
+
+
+async def _settled() -> None:
+    """Let the queueing tasks run until they wait."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_concurrent_sends_to_a_partition_share_its_batch_in_order() -> None:
+    producer = _AccumulatorProducer()
+    shared = SharedBatches(producer)
+    first = shared.add("t", [_record(0, b"a"), _record(1, b"b"), _record(0, b"c")])
+    second = shared.add("t", [_record(0, b"d")])
+    await _settled()
+    taken = producer.take()
+    assert {p: _read(batch) for p, batch in taken.items()} == {
+        0: (0, [b"a", b"c", b"d"]),
+        1: (0, [b"b"]),
+    }
+    taken[0].done(base_offset=40)
+    taken[1].done(base_offset=9)
+    await _settled()
+    outcomes = [q.outcome() for q in first + second if isinstance(q, QueuedRecord)]
+    assert outcomes == [SentRecord(0, 40), SentRecord(1, 9), SentRecord(0, 41), SentRecord(0, 42)]
+
+
+async def test_a_record_added_once_the_sender_took_the_batch_goes_in_the_next() -> None:
+    # The sender reads a batch's record count when it takes it (its sequence numbers)
+    # and builds it later: a record joining in between would break the sequence.
+    producer = _AccumulatorProducer()
+    shared = SharedBatches(producer)
+    shared.add("t", [_record(0, b"a")])
+    await _settled()
+    [taken] = producer.take().values()
+    later = shared.add("t", [_record(0, b"b")])
+    await _settled()
+    assert _read(taken) == (0, [b"a"])
+    [following] = producer.take().values()
+    assert _read(following) == (1, [b"b"])
+    taken.done(base_offset=0)
+    following.done(base_offset=1)
+    await _settled()
+    assert [q.outcome() for q in later if isinstance(q, QueuedRecord)] == [SentRecord(0, 1)]
+
+
+async def test_a_partitions_next_batch_is_queued_once_the_sender_took_the_one_before() -> None:
+    producer = _AccumulatorProducer(batch_size=300)
+    shared = SharedBatches(producer)
+    records = [_record(0, b"%02d" % i, size=60) for i in range(12)]
+    queued = shared.add("t", records)
+    await _settled()
+    keys: list[bytes | None] = []
+    sequence = 0
+    for offset in range(0, 1000, 100):
+        taken = producer.take()
+        if not taken:
+            break
+        assert list(taken) == [0], "one batch of the partition at a time"
+        base_sequence, held = _read(taken[0])
+        assert base_sequence == sequence
+        sequence += len(held)
+        keys += held
+        taken[0].done(base_offset=offset)
+        await _settled()
+    assert keys == [r.key for r in records]
+    offsets = [o.offset for q in queued if isinstance(o := q.outcome(), SentRecord)]
+    assert len(offsets) == len(records)
+    assert offsets == sorted(offsets)
+
+
+async def test_a_batch_send_batch_refuses_fails_its_records_unappended() -> None:
+    producer = _AccumulatorProducer(errors={1: TopicAuthorizationFailedError()})
+    shared = SharedBatches(producer)
+    kept, refused = shared.add("t", [_record(0, b"a"), _record(1, b"b")])
+    await _settled()
+    assert isinstance(refused, QueuedRecord)
+    assert refused.batch.done()
+    assert _failure(refused.batch.exception())[1:] == (False, True)
+    assert isinstance(kept, QueuedRecord)
+    assert not kept.batch.done()
+    assert list(producer.take()) == [0]
+
+
+async def test_a_partition_written_once_holds_nothing_once_delivered() -> None:
+    producer = _AccumulatorProducer()
+    shared = SharedBatches(producer)
+    shared.add("t", [_record(0, b"a"), _record(1, b"b")])
+    await _settled()
+    for batch in producer.take().values():
+        batch.done(base_offset=0)
+    await _settled()
+    assert shared._partitions == {}
+    assert shared._tasks == set()
+
+
+async def test_a_record_in_a_shared_batch_reads_as_its_batch_settled() -> None:
+    writes = _writes()
+    loop = asyncio.get_running_loop()
+    batches = [loop.create_future() for _ in range(4)]
+    batches[0].set_result(SimpleNamespace(partition=2, offset=30, timestamp=-1))
+    batches[1].set_exception(MessageSizeTooLargeError())
+    batches[2].set_exception(SendFailed("the producer closed", maybe_appended=False))
+    outcomes = [writes._queued_outcome(QueuedRecord(b, 1, 5)) for b in batches]
+    assert outcomes[0] == SentRecord(2, 31, 5)
+    assert _failure(outcomes[1])[1:] == (False, False)
+    assert _failure(outcomes[2]) == ("the producer closed", False, False)
+    assert _failure(outcomes[3]) == ("no acknowledgement within 0.25 s", True, False)
+    batches[3].set_result(None)
 
 
 def _writes() -> KafkaWrites:
