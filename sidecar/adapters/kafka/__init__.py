@@ -36,7 +36,6 @@ from sidecar.adapters.kafka.writes import (
     enqueue_all,
     in_transaction,
     ready_to_begin,
-    sent_record,
     set_transaction_poll,
     start_transactional_producer,
 )
@@ -62,7 +61,6 @@ __all__ = [
     "in_transaction",
     "ready_to_begin",
     "refused_identity",
-    "sent_record",
     "set_transaction_poll",
     "start_transactional_producer",
 ]

@@ -96,7 +96,7 @@ class KafkaWrites:
         """
         await self._await_partition(topic, partition)
         record = OutgoingKafkaRecord(partition, key, value, headers)
-        outcome = await self._delivered(await self._enqueue(topic, record))
+        [outcome] = await self._send_shared(topic, [record])
         if isinstance(outcome, SendFailed):
             raise outcome
         return outcome
@@ -119,8 +119,14 @@ class KafkaWrites:
                 SendFailed(exc.message, maybe_appended=False, not_authorized=refused)
                 for _ in records
             ]
-        # Written into the partitions' shared batches in order, so the request's order
-        # holds within each partition; one wait on their deliveries.
+        return await self._send_shared(topic, records)
+
+    async def _send_shared(
+        self, topic: str, records: Sequence[OutgoingKafkaRecord]
+    ) -> list[SentRecord | SendFailed]:
+        # Written into the partitions' shared batches in order, so the records' order
+        # holds within each partition; one wait on the batches' deliveries, not a task
+        # and a timer per record (see bench/README.md).
         queued = self._shared_batches().add(topic, records)
         pending = {q.batch for q in queued if isinstance(q, QueuedRecord)}
         if pending:
@@ -200,34 +206,6 @@ class KafkaWrites:
         except KafkaUnavailable as exc:
             raise UnknownPartition(f"partition {partition} of {topic} does not exist") from exc
 
-    async def _enqueue(
-        self, topic: str, record: OutgoingKafkaRecord
-    ) -> asyncio.Future[Any] | SendFailed:
-        return await enqueue(self._require().producer, topic, record)
-
-    async def _delivered(
-        self, delivery: asyncio.Future[Any] | SendFailed
-    ) -> SentRecord | SendFailed:
-        if isinstance(delivery, SendFailed):
-            return delivery
-        # asyncio.wait, not wait_for: cancelling the future would not stop the send.
-        await asyncio.wait({delivery}, timeout=self._timeout_s)
-        return self._outcome(delivery)
-
-    def _outcome(self, delivery: asyncio.Future[Any] | SendFailed) -> SentRecord | SendFailed:
-        """What became of a send, once it is done or its wait timed out."""
-        if isinstance(delivery, SendFailed):
-            return delivery
-        if not delivery.done():
-            delivery.add_done_callback(_discard_outcome)
-            return SendFailed(
-                f"no acknowledgement within {self._timeout_s:g} s", maybe_appended=True
-            )
-        exc = delivery.exception()
-        if exc is None:
-            return sent_record(delivery.result())
-        return delivery_failure(exc)
-
     async def fence_producer(self, transactional_id: str) -> None:
         """Fence whoever writes with ``transactional_id``: initialise it (which bumps its
         epoch, and completes or aborts its open transaction before it answers), then
@@ -259,33 +237,6 @@ def delivery_failure(exc: BaseException) -> SendFailed:
     return SendFailed(
         str(exc), maybe_appended=not refused, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
     )
-
-
-async def enqueue(
-    producer: Any, topic: str, record: OutgoingKafkaRecord
-) -> asyncio.Future[Any] | SendFailed:
-    """Queue ``record`` on an aiokafka producer: its delivery future, or SendFailed when
-    it is refused before it is queued (it can never be appended then). Raises the fenced
-    errors (FENCED_ERRORS): after them the producer writes nothing more."""
-    if record.key is None and record.value is None:
-        return SendFailed("a tombstone needs a key", maybe_appended=False)
-    try:
-        return await producer.send(  # type: ignore[no-any-return]
-            topic,
-            value=record.value,
-            key=record.key,
-            partition=record.partition,
-            headers=list(record.headers),
-            timestamp_ms=record.timestamp_ms,
-        )
-    except FENCED_ERRORS:
-        raise
-    except KafkaError as exc:
-        # send() raises before the record is queued (too large for max_request_size,
-        # buffer full, producer closed, the topic's metadata refused by an ACL).
-        return SendFailed(
-            str(exc), maybe_appended=False, not_authorized=isinstance(exc, _NOT_AUTHORIZED)
-        )
 
 
 @dataclass(slots=True)
@@ -571,16 +522,6 @@ def _settle(ours: asyncio.Future[Any], delivery: asyncio.Future[Any]) -> None:
         ours.set_exception(exc)
     else:
         ours.set_result(delivery.result())
-
-
-def sent_record(metadata: Any) -> SentRecord:
-    """An aiokafka ``RecordMetadata`` as a SentRecord."""
-    timestamp = metadata.timestamp
-    return SentRecord(
-        int(metadata.partition),
-        int(metadata.offset),
-        None if timestamp is None or timestamp < 0 else int(timestamp),
-    )
 
 
 async def start_transactional_producer(settings: KafkaSettings, transactional_id: str) -> Any:

@@ -1,6 +1,7 @@
 """``sidecar.adapters.kafka.writes``: the hold on the aiokafka internal the transaction
-poll depends on, queueing a record and reading what became of it, and the wait for
-metadata to show new partitions, over fake aiokafka producers and clients. Sends to a
+poll depends on, queueing records in batches (a transaction's, and the shared batches of
+concurrent sends, over aiokafka's own accumulator) and reading what became of them, and
+the wait for metadata to show new partitions, over fake aiokafka producers and clients. Sends to a
 real cluster are tested in ``tests/integration/test_kafka_gateway.py`` and
 ``tests/integration/test_produce.py``."""
 
@@ -45,9 +46,7 @@ from sidecar.adapters.kafka.writes import (
     SentRecord,
     SharedBatches,
     await_partition_count,
-    enqueue,
     enqueue_all,
-    sent_record,
 )
 from sidecar.config import KafkaSettings
 from sidecar.core.errors import KafkaUnavailable, UnknownTopic
@@ -84,78 +83,6 @@ def _failure(outcome: object) -> tuple[str, bool, bool]:
     the principal was refused (SendFailed is an exception: equal only to itself)."""
     assert isinstance(outcome, SendFailed), outcome
     return outcome.message, outcome.maybe_appended, outcome.not_authorized
-
-
-class _Producer:
-    """An aiokafka producer whose ``send`` raises ``error`` or queues the record."""
-
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
-        self.sent: list[dict[str, Any]] = []
-
-    async def send(self, topic: str, **record: Any) -> asyncio.Future[Any]:
-        if self.error is not None:
-            raise self.error
-        self.sent.append({"topic": topic, **record})
-        return asyncio.get_running_loop().create_future()
-
-
-async def test_a_record_is_queued_with_everything_it_carries() -> None:
-    producer = _Producer()
-    record = OutgoingKafkaRecord(3, b"k", b"v", [("h", b"1"), ("n", None)], timestamp_ms=17)
-    delivery = await enqueue(producer, "orders", record)
-    assert isinstance(delivery, asyncio.Future)
-    assert producer.sent == [
-        {
-            "topic": "orders",
-            "value": b"v",
-            "key": b"k",
-            "partition": 3,
-            "headers": [("h", b"1"), ("n", None)],
-            "timestamp_ms": 17,
-        }
-    ]
-
-
-async def test_a_tombstone_without_a_key_is_refused_before_it_is_queued() -> None:
-    producer = _Producer()
-    outcome = await enqueue(producer, "orders", OutgoingKafkaRecord(0, None, None, []))
-    assert _failure(outcome) == ("a tombstone needs a key", False, False)
-    assert producer.sent == []
-
-
-@pytest.mark.parametrize(
-    ("error", "not_authorized"),
-    [
-        (MessageSizeTooLargeError(), False),
-        (KafkaTimeoutError("buffer full"), False),
-        (TopicAuthorizationFailedError(), True),
-    ],
-)
-async def test_a_record_refused_by_send_can_never_have_been_appended(
-    error: Exception, not_authorized: bool
-) -> None:
-    outcome = await enqueue(_Producer(error), "orders", OutgoingKafkaRecord(0, b"k", b"v", []))
-    assert isinstance(outcome, SendFailed)
-    assert outcome.message == str(error)
-    assert outcome.maybe_appended is False
-    assert outcome.not_authorized is not_authorized
-
-
-async def test_a_fenced_producer_is_not_a_failed_send_but_raised() -> None:
-    with pytest.raises(ProducerFencedError):
-        await enqueue(_Producer(ProducerFencedError()), "t", OutgoingKafkaRecord(0, b"k", b"", []))
-
-
-@pytest.mark.parametrize(
-    ("timestamp", "kept"), [(1_700_000_000_000, 1_700_000_000_000), (-1, None), (None, None)]
-)
-def test_a_sent_record_is_its_position_and_kafkas_timestamp(
-    timestamp: int | None, kept: int | None
-) -> None:
-    metadata = SimpleNamespace(partition=2, offset=41, timestamp=timestamp)
-    sent = sent_record(metadata)
-    assert (sent.partition, sent.offset, sent.timestamp_ms) == (2, 41, kept)
 
 
 def test_records_are_equal_by_position_whatever_their_timestamps() -> None:
@@ -415,16 +342,20 @@ async def test_a_partitions_next_batch_is_queued_once_the_sender_took_the_one_be
         taken[0].done(base_offset=offset)
         await _settled()
     assert keys == [r.key for r in records]
-    offsets = [o.offset for q in queued if isinstance(o := q.outcome(), SentRecord)]
+    outcomes = [q.outcome() for q in queued if isinstance(q, QueuedRecord)]
+    offsets = [o.offset for o in outcomes if isinstance(o, SentRecord)]
     assert len(offsets) == len(records)
     assert offsets == sorted(offsets)
 
 
-async def test_a_batch_send_batch_refuses_fails_its_records_unappended() -> None:
+async def test_a_shared_batch_send_batch_refuses_fails_its_records_unappended() -> None:
     producer = _AccumulatorProducer(errors={1: TopicAuthorizationFailedError()})
     shared = SharedBatches(producer)
-    kept, refused = shared.add("t", [_record(0, b"a"), _record(1, b"b")])
+    kept, refused, keyless = shared.add(
+        "t", [_record(0, b"a"), _record(1, b"b"), OutgoingKafkaRecord(0, None, None, [])]
+    )
     await _settled()
+    assert _failure(keyless) == ("a tombstone needs a key", False, False)
     assert isinstance(refused, QueuedRecord)
     assert refused.batch.done()
     assert _failure(refused.batch.exception())[1:] == (False, True)
@@ -445,40 +376,25 @@ async def test_a_partition_written_once_holds_nothing_once_delivered() -> None:
     assert shared._tasks == set()
 
 
-async def test_a_record_in_a_shared_batch_reads_as_its_batch_settled() -> None:
-    writes = _writes()
-    loop = asyncio.get_running_loop()
-    batches = [loop.create_future() for _ in range(4)]
-    batches[0].set_result(SimpleNamespace(partition=2, offset=30, timestamp=-1))
-    batches[1].set_exception(MessageSizeTooLargeError())
-    batches[2].set_exception(SendFailed("the producer closed", maybe_appended=False))
-    outcomes = [writes._queued_outcome(QueuedRecord(b, 1, 5)) for b in batches]
-    assert outcomes[0] == SentRecord(2, 31, 5)
-    assert _failure(outcomes[1])[1:] == (False, False)
-    assert _failure(outcomes[2]) == ("the producer closed", False, False)
-    assert _failure(outcomes[3]) == ("no acknowledgement within 0.25 s", True, False)
-    batches[3].set_result(None)
-
-
 def _writes() -> KafkaWrites:
     settings = KafkaSettings(request_timeout_ms=250)
     connection = ConnectionState()
     return KafkaWrites(settings, connection, KafkaAdmin(settings, connection))
 
 
-async def test_an_unanswered_send_may_have_been_appended() -> None:
+async def test_a_record_of_an_unanswered_batch_may_have_been_appended() -> None:
     loop = asyncio.get_running_loop()
     reported: list[dict[str, Any]] = []
     handler = loop.get_exception_handler()
     loop.set_exception_handler(lambda _, context: reported.append(context))
     try:
-        delivery: asyncio.Future[Any] = loop.create_future()
-        outcome = _writes()._outcome(delivery)
+        batch: asyncio.Future[Any] = loop.create_future()
+        outcome = _writes()._queued_outcome(QueuedRecord(batch, 0, 5))
         assert _failure(outcome) == ("no acknowledgement within 0.25 s", True, False)
         # Answered later, when nobody waits: its error is not reported as never retrieved.
-        delivery.set_exception(KafkaTimeoutError())
+        batch.set_exception(KafkaTimeoutError())
         await asyncio.sleep(0)
-        del delivery, outcome
+        del batch, outcome
         gc.collect()
     finally:
         loop.set_exception_handler(handler)
@@ -494,22 +410,29 @@ async def test_an_unanswered_send_may_have_been_appended() -> None:
         # Retriable errors retried until the batch expired: an attempt may have landed.
         (NotLeaderForPartitionError(), True, False),
         (KafkaTimeoutError("expired"), True, False),
+        # Never queued (send_batch refused it, or the producer closed first).
+        (SendFailed("the producer closed", maybe_appended=False), False, False),
     ],
 )
-async def test_a_failed_delivery_says_whether_the_record_may_have_been_appended(
+async def test_a_failed_batch_says_whether_its_records_may_have_been_appended(
     error: Exception, maybe_appended: bool, not_authorized: bool
 ) -> None:
-    delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    delivery.set_exception(error)
-    outcome = _writes()._outcome(delivery)
+    batch: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    batch.set_exception(error)
+    outcome = _writes()._queued_outcome(QueuedRecord(batch, 0, 5))
     assert isinstance(outcome, SendFailed)
+    assert outcome.message == str(error)
     assert (outcome.maybe_appended, outcome.not_authorized) == (maybe_appended, not_authorized)
 
 
-async def test_a_delivered_record_is_where_it_landed() -> None:
-    delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    delivery.set_result(SimpleNamespace(partition=1, offset=9, timestamp=-1))
-    assert _writes()._outcome(delivery) == SentRecord(1, 9)
+@pytest.mark.parametrize(("stamped", "kept"), [(1_700_000_000_000, 1_700_000_000_000), (-1, 5)])
+async def test_a_record_of_a_delivered_batch_is_where_it_landed(stamped: int, kept: int) -> None:
+    # LogAppendTime as the broker stamped the batch; else the record's own CreateTime.
+    batch: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    batch.set_result(SimpleNamespace(partition=1, offset=9, timestamp=stamped))
+    landed = _writes()._queued_outcome(QueuedRecord(batch, 2, 5))
+    assert isinstance(landed, SentRecord)
+    assert (landed.partition, landed.offset, landed.timestamp_ms) == (1, 11, kept)
 
 
 async def test_an_empty_batch_asks_nothing() -> None:
