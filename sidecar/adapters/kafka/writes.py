@@ -387,6 +387,8 @@ class _SharedBatch:
 
 @dataclass(slots=True, eq=False)
 class _PartitionBatches:
+    """A partition's batches: the last one queued, and those waiting their turn."""
+
     latest: _SharedBatch | None = None
     """The partition's last batch queued."""
     waiting: collections.deque[_SharedBatch] = field(default_factory=collections.deque)
@@ -494,7 +496,8 @@ class SharedBatches:
                 delivery.add_done_callback(functools.partial(_settle, batch.delivery))
                 delivery.add_done_callback(functools.partial(self._forget, topic, partition, batch))
         finally:
-            # Cancelled (the producer closing): what still waits was never queued.
+            # Cancelled, or send_batch raised what no KafkaError covers: what still waits
+            # was never queued.
             for batch in waiting:
                 if not batch.delivery.done():
                     batch.delivery.set_exception(
