@@ -364,6 +364,34 @@ async def test_a_shared_batch_send_batch_refuses_fails_its_records_unappended() 
     assert list(producer.take()) == [0]
 
 
+async def test_a_partition_whose_batch_expired_queues_its_next_batches() -> None:
+    # The sender fails a batch that found no leader within its time to live, and takes
+    # it off the partition's queue: the records of the batch waiting behind it go out.
+    producer = _AccumulatorProducer(batch_size=300)
+    shared = SharedBatches(producer)
+    records = [_record(0, b"%02d" % i, size=60) for i in range(6)]
+    queued = shared.add("t", records)
+    await _settled()
+    accumulator = producer._message_accumulator
+    [expired] = accumulator._batches[TopicPartition("t", 0)]
+    accumulator._pop_batch(TopicPartition("t", 0))
+    expired.failure(KafkaTimeoutError("expired without a leader"))
+    await _settled()
+    [following] = producer.take().values()
+    following.done(base_offset=0)
+    await _settled()
+    writes = _writes()
+    outcomes = [writes._queued_outcome(q) for q in queued]
+    failed = [o for o in outcomes if isinstance(o, SendFailed)]
+    landed = [o for o in outcomes if isinstance(o, SentRecord)]
+    assert failed, "the expired batch held records"
+    assert landed, "the batch behind it held records"
+    assert outcomes == failed + landed, "a partition's records out of their order"
+    assert all(o.maybe_appended for o in failed), "an expired batch may have been appended"
+    assert [o.offset for o in landed] == list(range(len(landed)))
+    assert _read(following)[1] == [r.key for r in records[len(failed) :]]
+
+
 async def test_a_partition_written_once_holds_nothing_once_delivered() -> None:
     producer = _AccumulatorProducer()
     shared = SharedBatches(producer)
