@@ -518,8 +518,13 @@ async def test_lock_contention(cluster: ClusterEndpoints, root: str, store: Meta
 
 async def test_start_fails_without_zookeeper() -> None:
     store = MetadataStore("127.0.0.1:1")
-    with pytest.raises(MetadataUnavailable):
-        await store.start(timeout=1.0)
+    try:
+        with pytest.raises(MetadataUnavailable):
+            await store.start(timeout=1.0)
+    finally:
+        # kazoo keeps trying in its thread after start() gives up (a later start waits
+        # on); left running, it would go on for the rest of the test session.
+        await store.stop()
 
 
 async def test_suspended_then_reconnected(cluster: ClusterEndpoints, root: str) -> None:
