@@ -63,13 +63,15 @@ async def produce_sequences(
     stop: asyncio.Event,
     *,
     tolerated: Collection[tuple[int, int]] = (),
+    tolerated_records: Collection[int] = (),
     until_connection_lost: bool = False,
     pause_s: float = PRODUCE_PAUSE_S,
 ) -> None:
     """Produce one record per key per request until ``stop``, recording acknowledgements.
 
     Every request must succeed with every record written, except answers whose
-    (status, error_code) is in ``tolerated`` (recorded in ``ledger.refused``). With
+    (status, error_code) is in ``tolerated``, and records answered with an error_code in
+    ``tolerated_records`` (both recorded in ``ledger.refused``, never acknowledged). With
     ``until_connection_lost`` a connection error (its sidecar was killed) ends the loop.
     """
     sequence = 0
@@ -91,7 +93,10 @@ async def produce_sequences(
             ledger.refused.append(f"{sidecar.id}: {status} {code}")
         else:
             for key, entry in zip(keys, body["offsets"], strict=True):
-                assert entry["error_code"] is None, f"{sidecar.id}: {entry}"
+                if entry["error_code"] is not None:
+                    assert entry["error_code"] in tolerated_records, f"{sidecar.id}: {entry}"
+                    ledger.refused.append(f"{sidecar.id}: record {entry['error_code']}")
+                    continue
                 ledger.acknowledged.add((producer, key, sequence))
                 ledger.placed[(producer, key, sequence)] = (entry["partition"], entry["offset"])
         sequence += 1
