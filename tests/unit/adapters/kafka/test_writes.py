@@ -285,6 +285,18 @@ async def _settled() -> None:
         await asyncio.sleep(0)
 
 
+async def _past_the_batch_size(
+    count: int,
+) -> tuple[_AccumulatorProducer, list[OutgoingKafkaRecord], list[QueuedRecord | SendFailed]]:
+    """``count`` records of 60 B to partition 0 added at once, with batches of 300 bytes
+    (a few records each), once the queueing task waits."""
+    producer = _AccumulatorProducer(batch_size=300)
+    records = [_record(0, b"%02d" % i, size=60) for i in range(count)]
+    queued = SharedBatches(producer).add("t", records)
+    await _settled()
+    return producer, records, queued
+
+
 async def test_concurrent_sends_to_a_partition_share_its_batch_in_order() -> None:
     producer = _AccumulatorProducer()
     shared = SharedBatches(producer)
@@ -323,11 +335,7 @@ async def test_a_record_added_once_the_sender_took_the_batch_goes_in_the_next() 
 
 
 async def test_a_partitions_next_batch_is_queued_once_the_sender_took_the_one_before() -> None:
-    producer = _AccumulatorProducer(batch_size=300)
-    shared = SharedBatches(producer)
-    records = [_record(0, b"%02d" % i, size=60) for i in range(12)]
-    queued = shared.add("t", records)
-    await _settled()
+    producer, records, queued = await _past_the_batch_size(12)
     keys: list[bytes | None] = []
     sequence = 0
     for offset in range(0, 1000, 100):
@@ -367,11 +375,7 @@ async def test_a_shared_batch_send_batch_refuses_fails_its_records_unappended() 
 async def test_a_partition_whose_batch_expired_queues_its_next_batches() -> None:
     # The sender fails a batch that found no leader within its time to live, and takes
     # it off the partition's queue: the records of the batch waiting behind it go out.
-    producer = _AccumulatorProducer(batch_size=300)
-    shared = SharedBatches(producer)
-    records = [_record(0, b"%02d" % i, size=60) for i in range(6)]
-    queued = shared.add("t", records)
-    await _settled()
+    producer, records, queued = await _past_the_batch_size(6)
     accumulator = producer._message_accumulator
     [expired] = accumulator._batches[TopicPartition("t", 0)]
     accumulator._pop_batch(TopicPartition("t", 0))
